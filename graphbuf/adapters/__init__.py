@@ -1,0 +1,1 @@
+"""Adapters that bind graphbuf to serving engines (installed sub-packages)."""

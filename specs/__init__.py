@@ -1,0 +1,1 @@
+"""Shipped graphbuf specs (YAML), loadable by name: ``graphbuf.load_spec("gemma4-31b-it-mtp")``."""
