@@ -1,0 +1,204 @@
+"""Restricted integer expressions for spec fields (``"cdiv(max_model_len, block_size)"``).
+
+Grammar (no ``eval``; anything else is an :class:`ExprError`)::
+
+    expr   := term (("+" | "-") term)*
+    term   := unary (("*" | "//" | "%") unary)*
+    unary  := "-" unary | atom
+    atom   := INT | NAME | NAME "(" expr ("," expr)* ")" | "(" expr ")"
+
+Functions: ``min``, ``max`` (two or more arguments) and ``cdiv(a, b)`` (ceiling division).
+Integers only; ``//`` and ``%`` follow Python semantics; division by zero is an error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["Expr", "ExprError", "parse_expr"]
+
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(//|[-+*%(),])|(\S))")
+_FUNCTIONS: dict[str, Callable[..., int]] = {
+    "min": min,
+    "max": max,
+    "cdiv": lambda a, b: -(-a // b),
+}
+
+
+class ExprError(ValueError):
+    """A malformed expression or an evaluation failure; the message says where and what is allowed."""
+
+
+@dataclass(frozen=True)
+class _Node:
+    op: str  # "int", "name", "neg", a binary operator, or "call"
+    value: int | str = 0
+    args: tuple[_Node, ...] = ()
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens: list[tuple[str, str, int]] = []
+        for m in _TOKEN.finditer(text):
+            num, name, sym, bad = m.groups()
+            pos = m.start(m.lastindex or 0)
+            if bad is not None:
+                raise ExprError(
+                    f"unexpected character {bad!r} at position {pos} in {text!r}; allowed: integers, names, "
+                    "+ - * // % ( ) , and min/max/cdiv"
+                )
+            if num is not None:
+                self.tokens.append(("int", num, pos))
+            elif name is not None:
+                self.tokens.append(("name", name, pos))
+            elif sym is not None:
+                self.tokens.append(("sym", sym, pos))
+        self.i = 0
+
+    def peek(self) -> tuple[str, str, int] | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self, sym: str | None = None) -> tuple[str, str, int]:
+        tok = self.peek()
+        if tok is None:
+            want = f"{sym!r}" if sym else "a value"
+            raise ExprError(f"expression {self.text!r} ends early; expected {want}")
+        if sym is not None and tok[1] != sym:
+            raise ExprError(f"expected {sym!r} at position {tok[2]} in {self.text!r}, found {tok[1]!r}")
+        self.i += 1
+        return tok
+
+    def parse(self) -> _Node:
+        if not self.tokens:
+            raise ExprError("empty expression")
+        node = self.expr()
+        tok = self.peek()
+        if tok is not None:
+            raise ExprError(f"unexpected {tok[1]!r} at position {tok[2]} in {self.text!r}")
+        return node
+
+    def expr(self) -> _Node:
+        node = self.term()
+        while (tok := self.peek()) is not None and tok[1] in ("+", "-"):
+            self.i += 1
+            node = _Node(tok[1], args=(node, self.term()))
+        return node
+
+    def term(self) -> _Node:
+        node = self.unary()
+        while (tok := self.peek()) is not None and tok[1] in ("*", "//", "%"):
+            self.i += 1
+            node = _Node(tok[1], args=(node, self.unary()))
+        return node
+
+    def unary(self) -> _Node:
+        tok = self.peek()
+        if tok is not None and tok[1] == "-":
+            self.i += 1
+            return _Node("neg", args=(self.unary(),))
+        return self.atom()
+
+    def atom(self) -> _Node:
+        kind, text, pos = self.take()
+        if kind == "int":
+            return _Node("int", int(text))
+        if kind == "name":
+            nxt = self.peek()
+            if nxt is not None and nxt[1] == "(":
+                if text not in _FUNCTIONS:
+                    raise ExprError(
+                        f"unknown function {text!r} at position {pos} in {self.text!r}; "
+                        f"allowed: {', '.join(sorted(_FUNCTIONS))}"
+                    )
+                self.take("(")
+                args = [self.expr()]
+                while (t := self.peek()) is not None and t[1] == ",":
+                    self.i += 1
+                    args.append(self.expr())
+                self.take(")")
+                want = 2 if text == "cdiv" else None
+                if (want is not None and len(args) != want) or len(args) < 2:
+                    raise ExprError(
+                        f"{text}() at position {pos} in {self.text!r} takes "
+                        f"{'exactly 2' if want else 'at least 2'} arguments, got {len(args)}"
+                    )
+                return _Node("call", text, tuple(args))
+            return _Node("name", text)
+        if text == "(":
+            node = self.expr()
+            self.take(")")
+            return node
+        raise ExprError(f"unexpected {text!r} at position {pos} in {self.text!r}")
+
+
+def _evaluate(node: _Node, env: Mapping[str, int], text: str) -> int:
+    op = node.op
+    if op == "int":
+        return node.value  # type: ignore[return-value]
+    if op == "name":
+        try:
+            value = env[node.value]  # type: ignore[index]
+        except KeyError:
+            raise ExprError(
+                f"unknown name {node.value!r} in {text!r}; known: {', '.join(sorted(env)) or '(none)'}"
+            ) from None
+        if value is None:
+            raise ExprError(f"{node.value!r} in {text!r} has no value; set it (e.g. --set {node.value}=N)")
+        return value
+    args = [_evaluate(a, env, text) for a in node.args]
+    if op == "neg":
+        return -args[0]
+    if op == "call":
+        if node.value == "cdiv" and args[1] == 0:
+            raise ExprError(f"division by zero in {text!r}")
+        return _FUNCTIONS[node.value](*args)  # type: ignore[index]
+    a, b = args
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if b == 0:
+        raise ExprError(f"division by zero in {text!r}")
+    return a // b if op == "//" else a % b
+
+
+def _names(node: _Node) -> frozenset[str]:
+    if node.op == "name":
+        return frozenset((node.value,))  # type: ignore[arg-type]
+    out: frozenset[str] = frozenset()
+    for a in node.args:
+        out |= _names(a)
+    return out
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed expression: ``names`` are its free variables; ``eval(env)`` computes it."""
+
+    text: str
+    _root: _Node
+    names: frozenset[str]
+
+    def eval(self, env: Mapping[str, int | None]) -> int:
+        """Evaluate with ``env`` mapping names to integers; a missing or unset name is an ExprError."""
+        return _evaluate(self._root, env, self.text)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_expr(source: str | int) -> Expr:
+    """Parse ``source`` (an int or expression text) into an :class:`Expr`; raise ExprError if malformed."""
+    if isinstance(source, bool):
+        raise ExprError(f"expected an integer or an expression, got {source!r}")
+    if isinstance(source, int):
+        return Expr(str(source), _Node("int", source), frozenset())
+    if not isinstance(source, str):
+        raise ExprError(f"expected an integer or an expression string, got {type(source).__name__}")
+    root = _Parser(source).parse()
+    return Expr(source, root, _names(root))

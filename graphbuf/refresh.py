@@ -1,0 +1,464 @@
+"""The per-replay hot path: validate every source, then write all buffers in three phases.
+
+Phase 1 validates (names, dtypes, ndim, rows, widths, bounds) without touching memory; any error leaves
+every byte as it was. Phase 2 assembles host sources on the host — straight into the slab on cpu, into a
+pinned staging copy of the slab on an accelerator — writing live rows, clearing stale columns and padded
+rows. Phase 3 moves data to the device: ONE host-to-device copy of the assembled span (double-buffered
+staging, fenced by events so an upload in flight is never overwritten), then device-to-device copies of
+device-resident sources.
+
+Host assembly runs through numpy views of the target memory: a numpy slice assignment costs far less than a
+torch op dispatch, which is what lets validation pay for itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphbuf.errors import RefreshError, RowsError, WidthError
+from graphbuf.plan import BufferPlan, Plan
+
+__all__ = ["Refresher", "Source"]
+
+Source = torch.Tensor | np.ndarray | Sequence[Any]
+
+_NP_OF_TORCH: dict[torch.dtype, np.dtype] = {
+    torch.bool: np.dtype(np.bool_),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.float16: np.dtype(np.float16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+}
+# bfloat16 has no numpy dtype: its slab bytes are addressed as int16 and sources converted through torch.
+_BF16_SAFE_FROM = frozenset((torch.bool, torch.uint8, torch.int8, torch.bfloat16))
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass
+class _Slot:
+    """Everything the hot path needs about one buffer, resolved once."""
+
+    plan: BufferPlan
+    np_dtype: np.dtype  # element type of the numpy views (int16 bits for bfloat16)
+    bf16: bool
+    kind: str  # numpy kind of the logical dtype: b, i, u, f
+    pad: Any  # pad as a numpy scalar of np_dtype (ignored when repeat_last)
+    repeat_last: bool
+    capacity: dict[int, tuple[int, int]]  # capture size → (rows, cols); cols 0 for 1-D
+    requests_of_rows: dict[int, int] | None  # live rows → live requests; None: rows don't depend on them
+    rows_of_requests: tuple[int, ...] | None
+    targets: list[np.ndarray]  # full-allocation views of the host target(s): the slab, or each staging copy
+    device_view: torch.Tensor  # full allocation on the device
+    lo: int | None
+    hi: int | None
+
+
+@dataclass
+class _Prepared:
+    slot: _Slot
+    host: np.ndarray | None
+    dev: torch.Tensor | None
+    rows: int
+    width: int
+
+
+class Refresher:
+    """Writes sources into the buffers of one slab. Built by :class:`graphbuf.StaticBuffers`; not thread-safe."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        slab: torch.Tensor,
+        device_views: Mapping[str, torch.Tensor],
+        *,
+        strict: bool = False,
+    ) -> None:
+        self.plan = plan
+        self.device = slab.device
+        self.strict = strict
+        self.on_host = slab.device.type == "cpu"
+        self._slab = slab
+        if self.on_host:
+            host_blobs = [slab.numpy()]
+            self._staging: list[torch.Tensor] = []
+        else:
+            self._staging = [
+                torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=True) for _ in range(2)
+            ]
+            host_blobs = [s.numpy() for s in self._staging]
+        self._events: list[Any] = [None, None]
+        self._turn = 0
+        tpr = plan.tokens_per_request
+        self._slots: dict[str, _Slot] = {}
+        for b in plan.buffers:
+            self._slots[b.name] = self._make_slot(b, host_blobs, device_views[b.name], tpr)
+        self._order = tuple(self._slots.values())
+        self._required = frozenset(s.plan.name for s in self._order if not s.plan.keep)
+        self._per_group = {b.spec_name for b in plan.buffers if b.group is not None}
+
+    def _make_slot(self, b: BufferPlan, blobs: list[np.ndarray], dev: torch.Tensor, tpr: int) -> _Slot:
+        bf16 = b.dtype == torch.bfloat16
+        np_dtype = np.dtype(np.int16) if bf16 else _NP_OF_TORCH[b.dtype]
+        kind = "f" if bf16 else np_dtype.kind
+        targets = [
+            blob[b.offset : b.offset + b.nbytes].view(np_dtype).reshape(b.shape) for blob in blobs
+        ]
+        capacity = {}
+        for s in self.plan.capture_sizes:
+            shape = self.plan.shape_at(b, s)
+            capacity[s] = (shape[0], shape[1] if len(shape) > 1 else 0)
+        requests_of_rows = rows_of_requests = None
+        if b.rows.names & {"tokens", "requests"}:
+            max_req = max(self.plan.capture_sizes) // tpr
+            rows_of_requests = tuple(
+                b.rows.eval({**self.plan.constants, "tokens": r * tpr, "requests": r}) for r in range(max_req + 1)
+            )
+            requests_of_rows = {}
+            for r, n in enumerate(rows_of_requests):
+                requests_of_rows.setdefault(n, r)
+        repeat_last = b.pad == "repeat_last"
+        pad = self._host_value(0 if repeat_last else b.pad, b.dtype, np_dtype)
+        return _Slot(
+            plan=b, np_dtype=np_dtype, bf16=bf16, kind=kind, pad=pad, repeat_last=repeat_last,
+            capacity=capacity, requests_of_rows=requests_of_rows, rows_of_requests=rows_of_requests,
+            targets=targets, device_view=dev, lo=b.min, hi=b.max,
+        )
+
+    @staticmethod
+    def _host_value(value: Any, dtype: torch.dtype, np_dtype: np.dtype) -> Any:
+        if dtype == torch.bfloat16:
+            return torch.tensor(value, dtype=torch.bfloat16).view(torch.int16).item()
+        return np_dtype.type(value)
+
+    # ------------------------------------------------------------------------------------------------------
+    # Phase 1: validation. Nothing below writes memory.
+
+    def _fail(self, cls: type[RefreshError], name: str, size: int, msg: str) -> RefreshError:
+        return cls(f"refresh(size={size}): buffer {name!r}: {msg}")
+
+    def _prepare(self, name: str, src: Any, size: int, strict: bool) -> _Prepared:
+        slot = self._slots.get(name)
+        if slot is None:
+            if name in self._per_group:
+                names = ", ".join(s.plan.name for s in self._order if s.plan.spec_name == name)
+                raise self._fail(
+                    RefreshError, name, size, f"is declared per group; pass each group's buffer: {names}"
+                )
+            raise self._fail(
+                RefreshError, name, size, f"unknown buffer; known: {', '.join(self._slots)}"
+            )
+        b = slot.plan
+        host: np.ndarray | None = None
+        dev: torch.Tensor | None = None
+        if isinstance(src, torch.Tensor):
+            if src.device.type == "cpu":
+                if src.dtype == torch.bfloat16 or src.dtype not in _NP_OF_TORCH:
+                    self._check_torch_dtype(slot, src.dtype, name, size)
+                    host = src.detach().to(torch.float32).numpy()
+                    self._check_layout(slot, host, name, size)
+                else:
+                    host = src.detach().numpy()
+                    self._check_typed(slot, host, name, size)
+            elif not self.on_host and src.device == self.device:
+                self._check_torch_dtype(slot, src.dtype, name, size)
+                if src.dim() != b.ndim:
+                    raise self._fail(
+                        RefreshError, name, size, f"expected {b.ndim}-D source, got shape {list(src.shape)}"
+                    )
+                if src.dim() and src.shape[-1] > 1 and src.stride(-1) != 1:
+                    raise self._fail(
+                        RefreshError, name, size,
+                        f"source elements are strided (stride {src.stride(-1)} in the last dim); pass rows "
+                        "with contiguous elements (a transposed source is a layout bug)",
+                    )
+                dev = src
+            else:
+                raise self._fail(
+                    RefreshError, name, size,
+                    f"source is on {src.device}; allowed: host memory or {self.device}",
+                )
+        elif isinstance(src, np.ndarray):
+            host = src
+            self._check_typed(slot, host, name, size)
+        elif isinstance(src, (list, tuple)):
+            host = self._from_list(slot, src, name, size)
+        else:
+            raise self._fail(
+                RefreshError, name, size,
+                f"unsupported source type {type(src).__name__}; allowed: torch.Tensor, numpy.ndarray, list",
+            )
+        shape = host.shape if host is not None else tuple(dev.shape)  # type: ignore[union-attr]
+        rows = shape[0]
+        cap_rows, cap_cols = slot.capacity[size]
+        if rows > cap_rows:
+            raise self._fail(
+                RowsError, name, size,
+                f"{rows} live rows, but capture size {size} holds {cap_rows} (rows = {b.rows.text})",
+            )
+        width = 0
+        if b.ndim == 2:
+            width = shape[1]
+            if width > cap_cols:
+                if b.overflow == "reject":
+                    raise self._fail(
+                        WidthError, name, size,
+                        f"source is {width} wide, above the captured allocation of {cap_cols} columns "
+                        f"(cols = {b.cols.text}); overflow: reject",  # type: ignore[union-attr]
+                    )
+                width = cap_cols
+                if host is not None:
+                    host = host[:, :cap_cols]
+                else:
+                    dev = dev[:, :cap_cols]  # type: ignore[index]
+        if host is not None and host.size and (slot.lo is not None or slot.hi is not None or slot.kind == "f"):
+            self._check_values_host(slot, host, name, size)
+        elif dev is not None and strict and dev.numel():
+            self._check_values_device(slot, dev, name, size)
+        return _Prepared(slot, host, dev, rows, width)
+
+    def _check_torch_dtype(self, slot: _Slot, dtype: torch.dtype, name: str, size: int) -> None:
+        if slot.bf16:
+            ok = dtype in _BF16_SAFE_FROM
+        elif dtype == torch.bfloat16:
+            ok = slot.np_dtype in (np.dtype(np.float32), np.dtype(np.float64))
+        else:
+            ok = dtype in _NP_OF_TORCH and np.can_cast(_NP_OF_TORCH[dtype], slot.np_dtype, "safe")
+        if not ok:
+            raise self._fail(
+                RefreshError, name, size,
+                f"dtype {_dtype_name(dtype)} cannot be cast safely to {_dtype_name(slot.plan.dtype)}",
+            )
+
+    def _check_layout(self, slot: _Slot, arr: np.ndarray, name: str, size: int) -> None:
+        if arr.ndim != slot.plan.ndim:
+            raise self._fail(
+                RefreshError, name, size, f"expected {slot.plan.ndim}-D source, got shape {list(arr.shape)}"
+            )
+        if arr.ndim and arr.shape[-1] > 1 and arr.strides[-1] != arr.itemsize:
+            raise self._fail(
+                RefreshError, name, size,
+                f"source elements are strided ({arr.strides[-1]} bytes apart in the last dim); pass rows "
+                "with contiguous elements (a transposed source is a layout bug)",
+            )
+
+    def _check_typed(self, slot: _Slot, arr: np.ndarray, name: str, size: int) -> None:
+        if slot.bf16:
+            ok = arr.dtype in (np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.int8))
+        else:
+            ok = arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, slot.np_dtype, "safe")
+        if not ok:
+            raise self._fail(
+                RefreshError, name, size,
+                f"dtype {arr.dtype} cannot be cast safely to {_dtype_name(slot.plan.dtype)}",
+            )
+        self._check_layout(slot, arr, name, size)
+
+    def _from_list(self, slot: _Slot, src: Sequence[Any], name: str, size: int) -> np.ndarray:
+        try:
+            arr = np.asarray(src)
+        except (ValueError, TypeError) as exc:
+            raise self._fail(RefreshError, name, size, f"ragged or non-numeric list ({exc})") from None
+        if arr.size == 0 and slot.plan.ndim == 2:
+            arr = arr.reshape(0, 0)
+        if arr.dtype.kind not in "biuf":
+            raise self._fail(
+                RefreshError, name, size, f"list holds {arr.dtype} values; allowed: numbers of one shape"
+            )
+        if arr.dtype.kind == "f" and slot.kind != "f":
+            raise self._fail(
+                RefreshError, name, size,
+                f"list holds floats; {_dtype_name(slot.plan.dtype)} takes integers",
+            )
+        self._check_layout(slot, arr, name, size)
+        if arr.size and slot.kind in "iub" and arr.dtype.kind != "b":
+            info = np.iinfo(slot.np_dtype) if slot.kind != "b" else None
+            lo, hi = (0, 1) if info is None else (int(info.min), int(info.max))
+            amin, amax = int(arr.min()), int(arr.max())
+            if amin < lo or amax > hi:
+                raise self._fail(
+                    RefreshError, name, size,
+                    f"values {amin}..{amax} do not fit {_dtype_name(slot.plan.dtype)} ({lo}..{hi})",
+                )
+        return arr
+
+    def _bounds_error(self, slot: _Slot, name: str, size: int, where: Any, value: Any, which: str) -> RefreshError:
+        b = slot.plan
+        limit = b.min if which == "min" else b.max
+        spec = self.plan.spec.buffers[b.spec_name]
+        rel = "below" if which == "min" else "above"
+        return self._fail(
+            RefreshError, name, size,
+            f"value {value} at index {list(where)} is {rel} {which} {limit} ({which}: {getattr(spec, which)})",
+        )
+
+    def _check_values_host(self, slot: _Slot, arr: np.ndarray, name: str, size: int) -> None:
+        if arr.dtype.kind == "f" and np.isnan(arr).any():
+            where = np.argwhere(np.isnan(arr))[0]
+            raise self._fail(RefreshError, name, size, f"NaN at index {where.tolist()}")
+        if slot.lo is not None:
+            amin = arr.min()
+            if amin < slot.lo:
+                raise self._bounds_error(slot, name, size, np.argwhere(arr == amin)[0].tolist(), amin, "min")
+        if slot.hi is not None:
+            amax = arr.max()
+            if amax > slot.hi:
+                raise self._bounds_error(slot, name, size, np.argwhere(arr == amax)[0].tolist(), amax, "max")
+
+    def _check_values_device(self, slot: _Slot, t: torch.Tensor, name: str, size: int) -> None:
+        # Strict mode only: each reduction read back to the host is a device sync.
+        if t.is_floating_point() and bool(torch.isnan(t).any()):
+            raise self._fail(RefreshError, name, size, "NaN in device source")
+        if slot.lo is not None:
+            amin = t.min().item()
+            if amin < slot.lo:
+                where = (t == amin).nonzero()[0].tolist()
+                raise self._bounds_error(slot, name, size, where, amin, "min")
+        if slot.hi is not None:
+            amax = t.max().item()
+            if amax > slot.hi:
+                where = (t == amax).nonzero()[0].tolist()
+                raise self._bounds_error(slot, name, size, where, amax, "max")
+
+    # ------------------------------------------------------------------------------------------------------
+
+    def refresh(
+        self,
+        size: int,
+        sources: Mapping[str, Any],
+        *,
+        num_requests: int | None = None,
+        strict: bool | None = None,
+    ) -> int:
+        """Validate all ``sources``, then write them; return the live request count. See StaticBuffers.refresh."""
+        if torch._C._autograd._profiler_enabled():
+            with torch.profiler.record_function("graphbuf.refresh"):
+                return self._refresh(size, sources, num_requests, strict)
+        return self._refresh(size, sources, num_requests, strict)
+
+    def _refresh(self, size: int, sources: Mapping[str, Any], num_requests: int | None, strict: bool | None) -> int:
+        if size not in self.plan.capture_sizes:
+            raise RefreshError(
+                f"refresh(size={size}): not a capture size; sizes: {', '.join(map(str, self.plan.capture_sizes))}"
+            )
+        strict = self.strict if strict is None else strict
+        prepared = [self._prepare(name, src, size, strict) for name, src in sources.items()]
+        if len(prepared) < len(self._required) or not self._required.issubset(sources.keys()):
+            missing = sorted(self._required - sources.keys())
+            raise RefreshError(
+                f"refresh(size={size}): missing buffer(s) {', '.join(missing)}; only buffers declared "
+                "'keep: true' may be omitted"
+            )
+        live = self._live_requests(prepared, size, num_requests)
+        if self.on_host:
+            for p in prepared:
+                self._assemble(p, p.slot.targets[0])
+            return live
+        return self._write_device(prepared, live)
+
+    def _live_requests(self, prepared: list[_Prepared], size: int, num_requests: int | None) -> int:
+        cap_requests = size // self.plan.tokens_per_request
+        if num_requests is not None and not 0 <= num_requests <= cap_requests:
+            raise RowsError(
+                f"refresh(size={size}): num_requests={num_requests}, but capture size {size} holds "
+                f"0..{cap_requests} requests"
+            )
+        live, source = num_requests, "num_requests"
+        for p in prepared:
+            table = p.slot.requests_of_rows
+            if table is None:
+                continue
+            name = p.slot.plan.name
+            if live is None:
+                found = table.get(p.rows)
+                if found is None:
+                    raise self._fail(
+                        RefreshError, name, size,
+                        f"{p.rows} rows match no live request count (rows = {p.slot.plan.rows.text})",
+                    )
+                live, source = found, name
+            elif p.slot.rows_of_requests[live] != p.rows:  # type: ignore[index]
+                raise self._fail(
+                    RefreshError, name, size,
+                    f"{p.rows} rows, but {source} implies {live} live requests, so "
+                    f"{p.slot.rows_of_requests[live]} rows (rows = {p.slot.plan.rows.text})",  # type: ignore[index]
+                )
+        if live is None:
+            raise RefreshError(
+                f"refresh(size={size}): no source determines the live request count; pass num_requests="
+            )
+        return live
+
+    # ------------------------------------------------------------------------------------------------------
+    # Phase 2: host assembly (live rows, stale columns, padded rows).
+
+    def _assemble(self, p: _Prepared, t: np.ndarray) -> None:
+        slot, n, w, src = p.slot, p.rows, p.width, p.host
+        if src is not None:
+            if slot.bf16:
+                src = torch.from_numpy(np.ascontiguousarray(src)).to(torch.bfloat16).view(torch.int16).numpy()
+            if t.ndim == 1:
+                t[:n] = src
+            else:
+                t[:n, :w] = src
+        if t.ndim == 2 and w < t.shape[1]:
+            t[:n, w:] = slot.pad
+        if slot.repeat_last and n and src is not None:
+            t[n:] = t[n - 1]
+        else:
+            t[n:] = slot.pad
+
+    # Phase 3: one host-to-device upload, then device-to-device copies.
+
+    def _write_device(self, prepared: list[_Prepared], live: int) -> int:
+        k = self._turn
+        self._turn ^= 1
+        if self._events[k] is not None:
+            self._events[k].synchronize()  # the upload that last read this staging copy has finished
+        for p in prepared:
+            self._assemble(p, p.slot.targets[k])
+        staged = self._staging[k]
+        for lo, hi in self._spans({p.slot.plan.name for p in prepared}):
+            self._slab[lo:hi].copy_(staged[lo:hi], non_blocking=True)
+        for p in prepared:
+            if p.dev is None:
+                continue
+            view = p.slot.device_view
+            if view.dim() == 1:
+                view[: p.rows].copy_(p.dev, non_blocking=True)
+            else:
+                view[: p.rows, : p.width].copy_(p.dev, non_blocking=True)
+            if p.slot.repeat_last and p.rows:
+                view[p.rows :].copy_(view[p.rows - 1].expand_as(view[p.rows :]))
+        event = getattr(torch, self.device.type).Event()
+        event.record()
+        self._events[k] = event
+        return live
+
+    def _spans(self, written: set[str]) -> list[tuple[int, int]]:
+        spans: list[tuple[int, int]] = []
+        open_lo = None
+        end = 0
+        for slot in self._order:
+            b = slot.plan
+            if b.name in written:
+                if open_lo is None:
+                    open_lo = b.offset
+                end = b.offset + b.nbytes
+            elif open_lo is not None:
+                spans.append((open_lo, end))
+                open_lo = None
+        if open_lo is not None:
+            spans.append((open_lo, end))
+        return spans

@@ -1,0 +1,501 @@
+"""The spec: pydantic models (validation, JSON Schema, docs) plus YAML loading.
+
+A spec declares named integer constants, the capture envelope (tokens per request and capture sizes), the
+KV cache groups, and the buffers a captured graph reads. Shape fields are restricted expressions
+(:mod:`graphbuf.expr`) over the constants and, in ``rows``/``cols``, the capture variables ``tokens`` and
+``requests`` (= tokens // tokens_per_request).
+
+Every invalid spec raises :class:`graphbuf.SpecError` naming the file, the field path and what is allowed.
+Use :func:`load_spec` or :meth:`GraphSpec.model_validate`; both run the semantic checks.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from graphbuf.errors import SpecError
+from graphbuf.expr import Expr, ExprError, parse_expr
+
+__all__ = [
+    "DTYPES",
+    "BufferSpec",
+    "CaptureSpec",
+    "GraphSpec",
+    "LimitsSpec",
+    "SizeRange",
+    "TaskSpec",
+    "WorkspaceSpec",
+    "load_spec",
+    "shipped_specs",
+]
+
+#: dtype name → (kind, bits). Kind: "b" bool, "i" signed, "u" unsigned, "f" float.
+DTYPES: dict[str, tuple[str, int]] = {
+    "bool": ("b", 8),
+    "uint8": ("u", 8),
+    "int8": ("i", 8),
+    "int16": ("i", 16),
+    "int32": ("i", 32),
+    "int64": ("i", 64),
+    "float16": ("f", 16),
+    "bfloat16": ("f", 16),
+    "float32": ("f", 32),
+    "float64": ("f", 64),
+}
+_FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
+DTypeName = Literal["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+CAPTURE_VARS = ("tokens", "requests")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
+_RESERVED = frozenset((*CAPTURE_VARS, "min", "max", "cdiv"))
+DEFAULT_MAX_BYTES = 1 << 30
+
+IntExpr = int | str
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class SizeRange(_Strict):
+    """Capture sizes ``start, start+step, ..., stop`` (stop inclusive)."""
+
+    start: int = Field(description="First capture size (tokens).")
+    stop: int = Field(description="Last capture size (tokens), inclusive.")
+    step: int = Field(1, description="Distance between sizes.")
+
+
+class CaptureSpec(_Strict):
+    """The capture envelope: one graph is captured per size."""
+
+    tokens_per_request: IntExpr = Field(
+        1, description="Uniform decode query length, e.g. '1 + num_speculative_tokens'. Constants only."
+    )
+    sizes: SizeRange | list[int] = Field(description="Token counts to capture: a range or a list.")
+
+
+class BufferSpec(_Strict):
+    """One captured buffer: shape rule, dtype, padding policy and value bounds."""
+
+    dtype: DTypeName = Field(description="Element type.")
+    rows: IntExpr = Field(description="Rows captured at a size; may use 'tokens' and 'requests'.")
+    cols: IntExpr | None = Field(None, description="Columns (omit for a 1-D buffer).")
+    per_group: bool = Field(False, description="One buffer per KV group, named '<name>.<group>'.")
+    pad: int | float | Literal["repeat_last"] = Field(
+        0, description="Value of padded rows and stale columns, or 'repeat_last' (repeat the last live row)."
+    )
+    overflow: Literal["reject", "truncate"] = Field(
+        "reject", description="A source wider than the allocation: reject (WidthError) or drop extra columns."
+    )
+    keep: bool = Field(False, description="May be omitted from a refresh; then it keeps its contents.")
+    min: IntExpr | None = Field(None, description="Smallest allowed source value (constants only).")
+    max: IntExpr | None = Field(None, description="Largest allowed source value (constants only).")
+    description: str = ""
+
+
+class WorkspaceSpec(_Strict):
+    """Memory a task materializes per capture size; reported by ``graphbuf plan``, never allocated here."""
+
+    dtype: DTypeName
+    shape: list[IntExpr] = Field(description="Dimensions; may use 'tokens' and 'requests'.")
+    per_group: bool = False
+    description: str = ""
+
+
+class TaskSpec(_Strict):
+    """A task ``graphbuf drill`` captures: an importable ``module:function`` factory and its options."""
+
+    name: str
+    factory: str = Field(description="'package.module:function' building the task (see graphbuf.drill).")
+    group: str | None = Field(None, description="KV group whose per-group buffers the task binds.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the factory.")
+
+
+class LimitsSpec(_Strict):
+    max_bytes: int = Field(DEFAULT_MAX_BYTES, description="Largest slab a plan may allocate (bytes).")
+
+
+class GraphSpec(_Strict):
+    """A graphbuf spec (``version: 1``)."""
+
+    version: Literal[1]
+    name: str
+    description: str = ""
+    constants: dict[str, IntExpr | None] = Field(
+        default_factory=dict,
+        description="Named integers, or expressions over constants declared above them; "
+        "null = set at run time (--set / overrides).",
+    )
+    capture: CaptureSpec
+    groups: list[str] = Field(default_factory=lambda: ["default"], description="KV cache groups.")
+    buffers: dict[str, BufferSpec]
+    workspaces: dict[str, WorkspaceSpec] = Field(default_factory=dict)
+    tasks: list[TaskSpec] = Field(default_factory=list)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    meta: dict[str, Any] = Field(default_factory=dict, description="Free-form facts (model, hardware).")
+
+    @classmethod
+    def model_validate(  # type: ignore[override]
+        cls,
+        obj: Any,
+        *,
+        source: str | None = None,
+        overrides: Mapping[str, int] | None = None,
+        **kwargs: Any,
+    ) -> GraphSpec:
+        """Validate ``obj`` (a mapping) into a spec; raise SpecError naming ``source`` and field paths."""
+        try:
+            spec = super().model_validate(obj, **kwargs)
+        except ValidationError as exc:
+            raise SpecError(_format_pydantic(exc, source)) from None
+        check_spec(spec, source=source, overrides=overrides)
+        return spec
+
+    def constants_with(
+        self, overrides: Mapping[str, int] | None = None, source: str | None = None
+    ) -> dict[str, int | None]:
+        """Resolved constants, in declaration order, with ``overrides`` applied.
+
+        An expression constant sees the constants above it; one that needs an unset (null) constant is unset
+        too. An override replaces a constant's value (derived ones included). Unknown names are SpecErrors.
+        """
+        where = source or "<spec>"
+        overrides = dict(overrides or {})
+        for key, value in overrides.items():
+            if key not in self.constants:
+                known = ", ".join(self.constants) or "(none)"
+                raise SpecError(f"{where}: overrides.{key}: unknown constant; declared: {known}")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SpecError(f"{where}: overrides.{key}: expected an integer, got {value!r}")
+        values: dict[str, int | None] = {}
+        for key, raw in self.constants.items():
+            if key in overrides:
+                values[key] = overrides[key]
+            elif raw is None or isinstance(raw, int):
+                values[key] = raw
+            else:
+                try:
+                    expr = parse_expr(raw)
+                    unknown = expr.names - set(values)
+                    if unknown:
+                        raise ExprError(
+                            f"unknown name(s) {', '.join(sorted(unknown))}; a constant may use only the "
+                            f"constants declared above it: {', '.join(values) or '(none)'}"
+                        )
+                    unset = any(values[n] is None for n in expr.names)
+                    values[key] = None if unset else expr.eval(values)
+                except ExprError as exc:
+                    raise SpecError(f"{where}: constants.{key}: {exc}") from None
+        return values
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Semantic checks (expressions, sizes, pads); every problem is collected with its field path.
+
+
+def _fmt_path(parts: Iterable[str | int]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+def _format_pydantic(exc: ValidationError, source: str | None) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS)]
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+            parent = _MODEL_FOR.get(_parent_kind(loc))
+            if parent is not None:
+                msg += f"; allowed: {', '.join(parent.model_fields)}"
+        elif err["type"] == "literal_error":
+            msg = f"{msg}, got {err.get('input')!r}"
+        lines.append(f"{source or '<spec>'}: {_fmt_path(loc)}: {msg}")
+    return "\n".join(dict.fromkeys(lines))
+
+
+_UNION_TAGS = frozenset(
+    ("SizeRange", "list[int]", "int", "str", "float", "literal['repeat_last']", "function-after[_dtype(), str]")
+)
+
+
+def _parent_kind(loc: list[str | int]) -> str:
+    head = [p for p in loc[:-1]]
+    if not head:
+        return "spec"
+    if head[0] in ("buffers", "workspaces") and len(head) == 2:
+        return head[0]
+    if head[0] == "tasks" and len(head) == 2:
+        return "tasks"
+    return str(head[0]) if len(head) == 1 else ""
+
+
+_MODEL_FOR: dict[str, type[BaseModel]] = {
+    "spec": GraphSpec,
+    "capture": CaptureSpec,
+    "buffers": BufferSpec,
+    "workspaces": WorkspaceSpec,
+    "tasks": TaskSpec,
+    "limits": LimitsSpec,
+}
+
+
+class _Problems:
+    def __init__(self, source: str | None) -> None:
+        self.source = source or "<spec>"
+        self.items: list[str] = []
+
+    def add(self, path: str, msg: str) -> None:
+        self.items.append(f"{self.source}: {path}: {msg}")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise SpecError("\n".join(self.items))
+
+
+def _parse(problems: _Problems, path: str, text: IntExpr, allowed: frozenset[str]) -> Expr | None:
+    try:
+        expr = parse_expr(text)
+    except ExprError as exc:
+        problems.add(path, str(exc))
+        return None
+    unknown = expr.names - allowed
+    if unknown:
+        problems.add(
+            path,
+            f"unknown name(s) {', '.join(sorted(unknown))} in {str(text)!r}; allowed: "
+            f"{', '.join(sorted(allowed)) or '(none)'}",
+        )
+        return None
+    return expr
+
+
+def capture_sizes_of(spec: GraphSpec) -> list[int]:
+    """The capture sizes as listed (a range expanded); unsorted, duplicates kept."""
+    sizes = spec.capture.sizes
+    if isinstance(sizes, SizeRange):
+        if sizes.step <= 0:
+            return []
+        return list(range(sizes.start, sizes.stop + 1, sizes.step))
+    return list(sizes)
+
+
+def pad_fits(dtype: str, pad: int | float | str) -> bool:
+    """Whether ``pad`` is representable in ``dtype`` (``repeat_last`` always is)."""
+    if pad == "repeat_last":
+        return True
+    kind, bits = DTYPES[dtype]
+    if kind == "f":
+        return math.isnan(pad) or math.isinf(pad) or abs(pad) <= _FLOAT_MAX.get(dtype, math.inf)
+    if isinstance(pad, float) and not pad.is_integer():
+        return False
+    value = int(pad)
+    if kind == "b":
+        return value in (0, 1)
+    if kind == "u":
+        return 0 <= value < (1 << bits)
+    return -(1 << (bits - 1)) <= value < (1 << (bits - 1))
+
+
+def check_spec(spec: GraphSpec, *, source: str | None = None, overrides: Mapping[str, int] | None = None) -> None:
+    """Run the semantic checks (with ``overrides`` applied); raise one SpecError listing every problem."""
+    p = _Problems(source)
+    constants = spec.constants_with(overrides, source)
+    for name in constants:
+        if not _IDENT.match(name) or name in _RESERVED:
+            p.add(f"constants.{name}", f"not a usable name; reserved: {', '.join(sorted(_RESERVED))}")
+    names = frozenset(constants)
+    shape_names = names | frozenset(CAPTURE_VARS)
+
+    tpr = None
+    tpr_expr = _parse(p, "capture.tokens_per_request", spec.capture.tokens_per_request, names)
+    if tpr_expr is not None:
+        try:
+            tpr = tpr_expr.eval(constants)
+            if tpr <= 0:
+                p.add("capture.tokens_per_request", f"must be ≥ 1, got {tpr}")
+                tpr = None
+        except ExprError as exc:
+            p.add("capture.tokens_per_request", str(exc))
+
+    sizes = _check_sizes(p, spec, constants, tpr)
+
+    if not spec.groups:
+        p.add("groups", "at least one group is required")
+    for i, g in enumerate(spec.groups):
+        if not _IDENT.match(g):
+            p.add(f"groups[{i}]", f"{g!r} is not an identifier")
+    for i, g in enumerate(spec.groups):
+        if g in spec.groups[:i]:
+            p.add(f"groups[{i}]", f"duplicate group {g!r}")
+
+    if not spec.buffers:
+        p.add("buffers", "at least one buffer is required")
+    for name, buf in spec.buffers.items():
+        base = f"buffers.{name}"
+        if not _IDENT.match(name):
+            p.add(base, "buffer names must be identifiers (no dots: per-group names are derived)")
+        for field in ("rows", "cols"):
+            text = getattr(buf, field)
+            if text is None:
+                continue
+            expr = _parse(p, f"{base}.{field}", text, shape_names)
+            if expr is not None and tpr is not None:
+                _check_positive(p, f"{base}.{field}", expr, constants, sizes, tpr)
+        if not pad_fits(buf.dtype, buf.pad):
+            p.add(f"{base}.pad", f"{buf.pad!r} is not representable in {buf.dtype}")
+        bounds = {}
+        for field in ("min", "max"):
+            text = getattr(buf, field)
+            if text is None:
+                continue
+            expr = _parse(p, f"{base}.{field}", text, names)
+            if expr is not None and all(constants.get(n) is not None for n in expr.names):
+                try:
+                    bounds[field] = expr.eval(constants)
+                except ExprError as exc:
+                    p.add(f"{base}.{field}", str(exc))
+        if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
+            p.add(f"{base}.max", f"max {bounds['max']} is below min {bounds['min']}")
+    for name, ws in spec.workspaces.items():
+        for i, dim in enumerate(ws.shape):
+            expr = _parse(p, f"workspaces.{name}.shape[{i}]", dim, shape_names)
+            if expr is not None and tpr is not None:
+                _check_positive(p, f"workspaces.{name}.shape[{i}]", expr, constants, sizes, tpr)
+    for i, task in enumerate(spec.tasks):
+        if ":" not in task.factory:
+            p.add(f"tasks[{i}].factory", f"expected 'package.module:function', got {task.factory!r}")
+        if task.group is not None and task.group not in spec.groups:
+            p.add(f"tasks[{i}].group", f"unknown group {task.group!r}; groups: {', '.join(spec.groups)}")
+    if spec.limits.max_bytes <= 0:
+        p.add("limits.max_bytes", f"must be positive, got {spec.limits.max_bytes}")
+    p.raise_if_any()
+
+
+def _check_sizes(p: _Problems, spec: GraphSpec, constants: Mapping[str, int | None], tpr: int | None) -> list[int]:
+    raw = spec.capture.sizes
+    if isinstance(raw, SizeRange):
+        if raw.step <= 0:
+            p.add("capture.sizes.step", f"must be ≥ 1, got {raw.step}")
+        if raw.start <= 0:
+            p.add("capture.sizes.start", f"must be ≥ 1, got {raw.start}")
+        if raw.stop < raw.start:
+            p.add("capture.sizes.stop", f"{raw.stop} is below start {raw.start}")
+        where = ["capture.sizes"] * len(capture_sizes_of(spec))
+    else:
+        where = [f"capture.sizes[{i}]" for i in range(len(raw))]
+    sizes = capture_sizes_of(spec)
+    if not sizes:
+        p.add("capture.sizes", "no capture sizes")
+    max_tokens = constants.get("max_num_batched_tokens")
+    max_seqs = constants.get("max_num_seqs")
+    good = []
+    for i, (path, s) in enumerate(zip(where, sizes)):
+        if s <= 0:
+            p.add(path, f"size {s} must be positive")
+            continue
+        if s in sizes[:i]:
+            p.add(path, f"size {s} is duplicated")
+            continue
+        if tpr is not None and s % tpr:
+            p.add(path, f"size {s} is not a multiple of tokens_per_request ({tpr})")
+            continue
+        if max_tokens is not None and s > max_tokens:
+            p.add(path, f"size {s} exceeds max_num_batched_tokens ({max_tokens})")
+            continue
+        if max_seqs is not None and tpr is not None and s // tpr > max_seqs:
+            p.add(path, f"size {s} implies {s // tpr} requests, above max_num_seqs ({max_seqs})")
+            continue
+        good.append(s)
+    return good
+
+
+def _check_positive(
+    p: _Problems, path: str, expr: Expr, constants: Mapping[str, int | None], sizes: list[int], tpr: int
+) -> None:
+    for s in sizes:
+        try:
+            value = expr.eval({**constants, "tokens": s, "requests": s // tpr})
+        except ExprError as exc:
+            p.add(path, str(exc))
+            return
+        if value <= 0:
+            p.add(path, f"{expr.text!r} evaluates to {value} at capture size {s}; must be ≥ 1")
+            return
+
+
+# ----------------------------------------------------------------------------------------------------------
+# YAML loading
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def shipped_specs() -> dict[str, Path]:
+    """Shipped spec names → their files."""
+    root = importlib.resources.files("graphbuf.specs")
+    return {
+        Path(str(f)).stem: Path(str(f))
+        for f in root.iterdir()
+        if str(f).endswith(".yaml")
+    }
+
+
+def resolve_spec_path(path_or_name: str | Path) -> Path:
+    """A spec file path, or a shipped spec's name (with or without ``.yaml``) → an existing file."""
+    path = Path(path_or_name)
+    if path.is_file():
+        return path
+    shipped = shipped_specs()
+    key = path.name[:-5] if path.name.endswith(".yaml") else path.name
+    if key in shipped and (path.parent == Path(".") or not path.exists()):
+        return shipped[key]
+    raise SpecError(
+        f"{path_or_name}: no such spec file and no shipped spec of that name; shipped: "
+        f"{', '.join(sorted(shipped)) or '(none)'}"
+    )
+
+
+def load_spec(path_or_name: str | Path, *, overrides: Mapping[str, int] | None = None) -> GraphSpec:
+    """Load and validate a YAML spec from a path or a shipped spec name; raise SpecError if invalid."""
+    path = resolve_spec_path(path_or_name)
+    source = str(path_or_name)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{source}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(f"{source}: {where}invalid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: (top level): expected a mapping of spec fields, got {type(data).__name__}")
+    return GraphSpec.model_validate(data, source=source, overrides=overrides)
