@@ -1,41 +1,97 @@
 """graphbuf: declarative, address-stable capture/replay buffers for CUDA and Ascend NPU graphs.
 
-The data path, top-down: spec (:mod:`graphbuf.spec`) → plan (:mod:`graphbuf.plan`) → buffers
+The data path, top-down: spec (:mod:`graphbuf.spec`) → plan (:mod:`graphbuf.planner`) → buffers
 (:mod:`graphbuf.buffers`) → refresh (:mod:`graphbuf.refresh`) → graph (:mod:`graphbuf.graph`) → runner
 (:mod:`graphbuf.runner`).
+
+Importing ``graphbuf`` itself imports only the standard library; each public name loads its module on first
+use, so light entry points (the vLLM plugin) stay light.
 """
 
-from graphbuf.buffers import StaticBuffers
-from graphbuf.errors import (
-    AddressChangedError,
-    CaptureError,
-    DeviceUnavailableError,
-    GraphbufError,
-    PlanTooLargeError,
-    RefreshError,
-    RowsError,
-    SpecError,
-    WidthError,
-)
-from graphbuf.plan import BufferPlan, Plan, plan
-from graphbuf.spec import GraphSpec, load_spec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "AddressChangedError": "graphbuf.errors",
+    "CaptureError": "graphbuf.errors",
+    "DeviceUnavailableError": "graphbuf.errors",
+    "GraphbufError": "graphbuf.errors",
+    "PlanTooLargeError": "graphbuf.errors",
+    "RefreshError": "graphbuf.errors",
+    "RowsError": "graphbuf.errors",
+    "SpecError": "graphbuf.errors",
+    "WidthError": "graphbuf.errors",
+    "GraphSpec": "graphbuf.spec",
+    "load_spec": "graphbuf.spec",
+    "BufferPlan": "graphbuf.planner",
+    "Plan": "graphbuf.planner",
+    "plan": "graphbuf.planner",
+    "StaticBuffers": "graphbuf.buffers",
+    "Graph": "graphbuf.graph",
+    "CapturedTask": "graphbuf.tasks",
+    "TaskKind": "graphbuf.tasks",
+    "GraphRunner": "graphbuf.runner",
+    "RunnerStats": "graphbuf.runner",
+    "Step": "graphbuf.runner",
+}
 
 __all__ = [
     "AddressChangedError",
     "BufferPlan",
     "CaptureError",
+    "CapturedTask",
     "DeviceUnavailableError",
+    "Graph",
+    "GraphRunner",
     "GraphSpec",
     "GraphbufError",
     "Plan",
     "PlanTooLargeError",
     "RefreshError",
     "RowsError",
+    "RunnerStats",
     "SpecError",
     "StaticBuffers",
+    "Step",
+    "TaskKind",
     "WidthError",
     "load_spec",
     "plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'graphbuf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:
+    from graphbuf.buffers import StaticBuffers
+    from graphbuf.errors import (
+        AddressChangedError,
+        CaptureError,
+        DeviceUnavailableError,
+        GraphbufError,
+        PlanTooLargeError,
+        RefreshError,
+        RowsError,
+        SpecError,
+        WidthError,
+    )
+    from graphbuf.graph import Graph
+    from graphbuf.planner import BufferPlan, Plan, plan
+    from graphbuf.runner import GraphRunner, RunnerStats, Step
+    from graphbuf.spec import GraphSpec, load_spec
+    from graphbuf.tasks import CapturedTask, TaskKind

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
 import torch
 
-from graphbuf.plan import Plan, plan
+from graphbuf.planner import Plan, plan
 from graphbuf.refresh import Refresher, Source
 from graphbuf.spec import GraphSpec
 
@@ -96,7 +95,7 @@ class StaticBuffers:
         return self._full
 
     def view(self, size: int) -> Mapping[str, torch.Tensor]:
-        """Name → tensor holding exactly the rows a graph of ``size`` tokens captures (views into the slab)."""
+        """Name → the rows a graph of ``size`` tokens captures, as views into the slab."""
         try:
             return self._views[size]
         except KeyError:
@@ -104,7 +103,7 @@ class StaticBuffers:
             raise KeyError(f"view({size}): not a capture size; sizes: {sizes}") from None
 
     def addresses(self, size: int) -> tuple[int, ...]:
-        """Data pointers of ``view(size)``, in :attr:`names` order (what a graph captured at ``size`` baked in)."""
+        """Data pointers of ``view(size)`` in :attr:`names` order: what a graph of ``size`` baked in."""
         return tuple(t.data_ptr() for t in self.view(size).values())
 
     def refresh(

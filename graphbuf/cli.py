@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from graphbuf.errors import GraphbufError, SpecError
-from graphbuf.plan import Plan, plan
+from graphbuf.planner import Plan, plan
 from graphbuf.spec import GraphSpec, load_spec
 
 __all__ = ["main"]
@@ -67,15 +67,23 @@ def _bounds(p: Plan, name: str) -> str:
 def render_plan(p: Plan) -> str:
     """The human-readable plan: buffers and totals, captured rows and workspaces per capture size."""
     lines = [
-        f"{p.spec.name}: {len(p.buffers)} buffers, {p.total_bytes} bytes ({_human(p.total_bytes)}) in one slab "
+        f"{p.spec.name}: {len(p.buffers)} buffers, {p.total_bytes} bytes ({_human(p.total_bytes)}) "
+        "in one slab "
         f"(limit {_human(p.max_bytes)}); {len(p.capture_sizes)} capture sizes, "
         f"{p.tokens_per_request} tokens per request",
         "",
         _table(
             ("buffer", "dtype", "shape", "bytes", "offset", "pad", "bounds"),
             [
-                (b.name, str(b.dtype).removeprefix("torch."), list(b.shape), b.nbytes, b.offset, b.pad,
-                 _bounds(p, b.name))
+                (
+                    b.name,
+                    str(b.dtype).removeprefix("torch."),
+                    list(b.shape),
+                    b.nbytes,
+                    b.offset,
+                    b.pad,
+                    _bounds(p, b.name),
+                )
                 for b in p.buffers
             ],
         ),
@@ -83,7 +91,10 @@ def render_plan(p: Plan) -> str:
         "captured rows per capture size:",
         _table(
             ("size", "requests", *p.names),
-            [(s, s // p.tokens_per_request, *(p.shape_at(b, s)[0] for b in p.buffers)) for s in p.capture_sizes],
+            [
+                (s, s // p.tokens_per_request, *(p.shape_at(b, s)[0] for b in p.buffers))
+                for s in p.capture_sizes
+            ],
         ),
     ]
     if p.workspaces:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from graphbuf.errors import RefreshError, RowsError, WidthError
-from graphbuf.plan import BufferPlan, Plan
+from graphbuf.planner import BufferPlan, Plan
 
 __all__ = ["Refresher", "Source"]
 
@@ -75,7 +75,7 @@ class _Prepared:
 
 
 class Refresher:
-    """Writes sources into the buffers of one slab. Built by :class:`graphbuf.StaticBuffers`; not thread-safe."""
+    """Writes sources into the buffers of one slab (built by :class:`graphbuf.StaticBuffers`)."""
 
     def __init__(
         self,
@@ -94,9 +94,7 @@ class Refresher:
             host_blobs = [slab.numpy()]
             self._staging: list[torch.Tensor] = []
         else:
-            self._staging = [
-                torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=True) for _ in range(2)
-            ]
+            self._staging = [torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=True) for _ in range(2)]
             host_blobs = [s.numpy() for s in self._staging]
         self._events: list[Any] = [None, None]
         self._turn = 0
@@ -112,9 +110,7 @@ class Refresher:
         bf16 = b.dtype == torch.bfloat16
         np_dtype = np.dtype(np.int16) if bf16 else _NP_OF_TORCH[b.dtype]
         kind = "f" if bf16 else np_dtype.kind
-        targets = [
-            blob[b.offset : b.offset + b.nbytes].view(np_dtype).reshape(b.shape) for blob in blobs
-        ]
+        targets = [blob[b.offset : b.offset + b.nbytes].view(np_dtype).reshape(b.shape) for blob in blobs]
         capacity = {}
         for s in self.plan.capture_sizes:
             shape = self.plan.shape_at(b, s)
@@ -123,7 +119,8 @@ class Refresher:
         if b.rows.names & {"tokens", "requests"}:
             max_req = max(self.plan.capture_sizes) // tpr
             rows_of_requests = tuple(
-                b.rows.eval({**self.plan.constants, "tokens": r * tpr, "requests": r}) for r in range(max_req + 1)
+                b.rows.eval({**self.plan.constants, "tokens": r * tpr, "requests": r})
+                for r in range(max_req + 1)
             )
             requests_of_rows = {}
             for r, n in enumerate(rows_of_requests):
@@ -131,9 +128,19 @@ class Refresher:
         repeat_last = b.pad == "repeat_last"
         pad = self._host_value(0 if repeat_last else b.pad, b.dtype, np_dtype)
         return _Slot(
-            plan=b, np_dtype=np_dtype, bf16=bf16, kind=kind, pad=pad, repeat_last=repeat_last,
-            capacity=capacity, requests_of_rows=requests_of_rows, rows_of_requests=rows_of_requests,
-            targets=targets, device_view=dev, lo=b.min, hi=b.max,
+            plan=b,
+            np_dtype=np_dtype,
+            bf16=bf16,
+            kind=kind,
+            pad=pad,
+            repeat_last=repeat_last,
+            capacity=capacity,
+            requests_of_rows=requests_of_rows,
+            rows_of_requests=rows_of_requests,
+            targets=targets,
+            device_view=dev,
+            lo=b.min,
+            hi=b.max,
         )
 
     @staticmethod
@@ -156,9 +163,7 @@ class Refresher:
                 raise self._fail(
                     RefreshError, name, size, f"is declared per group; pass each group's buffer: {names}"
                 )
-            raise self._fail(
-                RefreshError, name, size, f"unknown buffer; known: {', '.join(self._slots)}"
-            )
+            raise self._fail(RefreshError, name, size, f"unknown buffer; known: {', '.join(self._slots)}")
         b = slot.plan
         host: np.ndarray | None = None
         dev: torch.Tensor | None = None
@@ -179,14 +184,18 @@ class Refresher:
                     )
                 if src.dim() and src.shape[-1] > 1 and src.stride(-1) != 1:
                     raise self._fail(
-                        RefreshError, name, size,
+                        RefreshError,
+                        name,
+                        size,
                         f"source elements are strided (stride {src.stride(-1)} in the last dim); pass rows "
                         "with contiguous elements (a transposed source is a layout bug)",
                     )
                 dev = src
             else:
                 raise self._fail(
-                    RefreshError, name, size,
+                    RefreshError,
+                    name,
+                    size,
                     f"source is on {src.device}; allowed: host memory or {self.device}",
                 )
         elif isinstance(src, np.ndarray):
@@ -196,7 +205,9 @@ class Refresher:
             host = self._from_list(slot, src, name, size)
         else:
             raise self._fail(
-                RefreshError, name, size,
+                RefreshError,
+                name,
+                size,
                 f"unsupported source type {type(src).__name__}; allowed: torch.Tensor, numpy.ndarray, list",
             )
         shape = host.shape if host is not None else tuple(dev.shape)  # type: ignore[union-attr]
@@ -204,7 +215,9 @@ class Refresher:
         cap_rows, cap_cols = slot.capacity[size]
         if rows > cap_rows:
             raise self._fail(
-                RowsError, name, size,
+                RowsError,
+                name,
+                size,
                 f"{rows} live rows, but capture size {size} holds {cap_rows} (rows = {b.rows.text})",
             )
         width = 0
@@ -213,7 +226,9 @@ class Refresher:
             if width > cap_cols:
                 if b.overflow == "reject":
                     raise self._fail(
-                        WidthError, name, size,
+                        WidthError,
+                        name,
+                        size,
                         f"source is {width} wide, above the captured allocation of {cap_cols} columns "
                         f"(cols = {b.cols.text}); overflow: reject",  # type: ignore[union-attr]
                     )
@@ -222,7 +237,11 @@ class Refresher:
                     host = host[:, :cap_cols]
                 else:
                     dev = dev[:, :cap_cols]  # type: ignore[index]
-        if host is not None and host.size and (slot.lo is not None or slot.hi is not None or slot.kind == "f"):
+        if (
+            host is not None
+            and host.size
+            and (slot.lo is not None or slot.hi is not None or slot.kind == "f")
+        ):
             self._check_values_host(slot, host, name, size)
         elif dev is not None and strict and dev.numel():
             self._check_values_device(slot, dev, name, size)
@@ -237,7 +256,9 @@ class Refresher:
             ok = dtype in _NP_OF_TORCH and np.can_cast(_NP_OF_TORCH[dtype], slot.np_dtype, "safe")
         if not ok:
             raise self._fail(
-                RefreshError, name, size,
+                RefreshError,
+                name,
+                size,
                 f"dtype {_dtype_name(dtype)} cannot be cast safely to {_dtype_name(slot.plan.dtype)}",
             )
 
@@ -246,9 +267,12 @@ class Refresher:
             raise self._fail(
                 RefreshError, name, size, f"expected {slot.plan.ndim}-D source, got shape {list(arr.shape)}"
             )
-        if arr.ndim and arr.shape[-1] > 1 and arr.strides[-1] != arr.itemsize:
+        # numpy gives empty arrays zero strides: only a non-empty source can be strided.
+        if arr.ndim and arr.size and arr.shape[-1] > 1 and arr.strides[-1] != arr.itemsize:
             raise self._fail(
-                RefreshError, name, size,
+                RefreshError,
+                name,
+                size,
                 f"source elements are strided ({arr.strides[-1]} bytes apart in the last dim); pass rows "
                 "with contiguous elements (a transposed source is a layout bug)",
             )
@@ -260,7 +284,9 @@ class Refresher:
             ok = arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, slot.np_dtype, "safe")
         if not ok:
             raise self._fail(
-                RefreshError, name, size,
+                RefreshError,
+                name,
+                size,
                 f"dtype {arr.dtype} cannot be cast safely to {_dtype_name(slot.plan.dtype)}",
             )
         self._check_layout(slot, arr, name, size)
@@ -270,15 +296,18 @@ class Refresher:
             arr = np.asarray(src)
         except (ValueError, TypeError) as exc:
             raise self._fail(RefreshError, name, size, f"ragged or non-numeric list ({exc})") from None
-        if arr.size == 0 and slot.plan.ndim == 2:
-            arr = arr.reshape(0, 0)
+        if arr.size == 0:  # an empty list has no dtype (numpy guesses float64); `[]` for a 2-D buffer is 0x0
+            shape = (0, 0) if arr.shape == (0,) and slot.plan.ndim == 2 else arr.shape
+            arr = arr.astype(slot.np_dtype).reshape(shape)
         if arr.dtype.kind not in "biuf":
             raise self._fail(
                 RefreshError, name, size, f"list holds {arr.dtype} values; allowed: numbers of one shape"
             )
         if arr.dtype.kind == "f" and slot.kind != "f":
             raise self._fail(
-                RefreshError, name, size,
+                RefreshError,
+                name,
+                size,
                 f"list holds floats; {_dtype_name(slot.plan.dtype)} takes integers",
             )
         self._check_layout(slot, arr, name, size)
@@ -288,19 +317,26 @@ class Refresher:
             amin, amax = int(arr.min()), int(arr.max())
             if amin < lo or amax > hi:
                 raise self._fail(
-                    RefreshError, name, size,
+                    RefreshError,
+                    name,
+                    size,
                     f"values {amin}..{amax} do not fit {_dtype_name(slot.plan.dtype)} ({lo}..{hi})",
                 )
         return arr
 
-    def _bounds_error(self, slot: _Slot, name: str, size: int, where: Any, value: Any, which: str) -> RefreshError:
+    def _bounds_error(
+        self, slot: _Slot, name: str, size: int, where: Any, value: Any, which: str
+    ) -> RefreshError:
         b = slot.plan
         limit = b.min if which == "min" else b.max
         spec = self.plan.spec.buffers[b.spec_name]
         rel = "below" if which == "min" else "above"
         return self._fail(
-            RefreshError, name, size,
-            f"value {value} at index {list(where)} is {rel} {which} {limit} ({which}: {getattr(spec, which)})",
+            RefreshError,
+            name,
+            size,
+            f"value {value} at index {list(where)} is {rel} {which} {limit} "
+            f"({which}: {getattr(spec, which)})",
         )
 
     def _check_values_host(self, slot: _Slot, arr: np.ndarray, name: str, size: int) -> None:
@@ -341,17 +377,18 @@ class Refresher:
         num_requests: int | None = None,
         strict: bool | None = None,
     ) -> int:
-        """Validate all ``sources``, then write them; return the live request count. See StaticBuffers.refresh."""
+        """Validate all ``sources``, then write them; return the live request count."""
         if torch._C._autograd._profiler_enabled():
             with torch.profiler.record_function("graphbuf.refresh"):
                 return self._refresh(size, sources, num_requests, strict)
         return self._refresh(size, sources, num_requests, strict)
 
-    def _refresh(self, size: int, sources: Mapping[str, Any], num_requests: int | None, strict: bool | None) -> int:
+    def _refresh(
+        self, size: int, sources: Mapping[str, Any], num_requests: int | None, strict: bool | None
+    ) -> int:
         if size not in self.plan.capture_sizes:
-            raise RefreshError(
-                f"refresh(size={size}): not a capture size; sizes: {', '.join(map(str, self.plan.capture_sizes))}"
-            )
+            sizes = ", ".join(map(str, self.plan.capture_sizes))
+            raise RefreshError(f"refresh(size={size}): not a capture size; sizes: {sizes}")
         strict = self.strict if strict is None else strict
         prepared = [self._prepare(name, src, size, strict) for name, src in sources.items()]
         if len(prepared) < len(self._required) or not self._required.issubset(sources.keys()):
@@ -384,13 +421,17 @@ class Refresher:
                 found = table.get(p.rows)
                 if found is None:
                     raise self._fail(
-                        RefreshError, name, size,
+                        RefreshError,
+                        name,
+                        size,
                         f"{p.rows} rows match no live request count (rows = {p.slot.plan.rows.text})",
                     )
                 live, source = found, name
             elif p.slot.rows_of_requests[live] != p.rows:  # type: ignore[index]
                 raise self._fail(
-                    RefreshError, name, size,
+                    RefreshError,
+                    name,
+                    size,
                     f"{p.rows} rows, but {source} implies {live} live requests, so "
                     f"{p.slot.rows_of_requests[live]} rows (rows = {p.slot.plan.rows.text})",  # type: ignore[index]
                 )

@@ -51,7 +51,9 @@ DTYPES: dict[str, tuple[str, int]] = {
     "float64": ("f", 64),
 }
 _FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
-DTypeName = Literal["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+DTypeName = Literal[
+    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"
+]
 CAPTURE_VARS = ("tokens", "requests")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
 _RESERVED = frozenset((*CAPTURE_VARS, "min", "max", "cdiv"))
@@ -224,7 +226,15 @@ def _format_pydantic(exc: ValidationError, source: str | None) -> str:
 
 
 _UNION_TAGS = frozenset(
-    ("SizeRange", "list[int]", "int", "str", "float", "literal['repeat_last']", "function-after[_dtype(), str]")
+    (
+        "SizeRange",
+        "list[int]",
+        "int",
+        "str",
+        "float",
+        "literal['repeat_last']",
+        "function-after[_dtype(), str]",
+    )
 )
 
 
@@ -306,7 +316,9 @@ def pad_fits(dtype: str, pad: int | float | str) -> bool:
     return -(1 << (bits - 1)) <= value < (1 << (bits - 1))
 
 
-def check_spec(spec: GraphSpec, *, source: str | None = None, overrides: Mapping[str, int] | None = None) -> None:
+def check_spec(
+    spec: GraphSpec, *, source: str | None = None, overrides: Mapping[str, int] | None = None
+) -> None:
     """Run the semantic checks (with ``overrides`` applied); raise one SpecError listing every problem."""
     p = _Problems(source)
     constants = spec.constants_with(overrides, source)
@@ -381,7 +393,9 @@ def check_spec(spec: GraphSpec, *, source: str | None = None, overrides: Mapping
     p.raise_if_any()
 
 
-def _check_sizes(p: _Problems, spec: GraphSpec, constants: Mapping[str, int | None], tpr: int | None) -> list[int]:
+def _check_sizes(
+    p: _Problems, spec: GraphSpec, constants: Mapping[str, int | None], tpr: int | None
+) -> list[int]:
     raw = spec.capture.sizes
     if isinstance(raw, SizeRange):
         if raw.step <= 0:
@@ -446,9 +460,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
         seen.add(key)
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -459,11 +471,7 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 def shipped_specs() -> dict[str, Path]:
     """Shipped spec names → their files."""
     root = importlib.resources.files("graphbuf.specs")
-    return {
-        Path(str(f)).stem: Path(str(f))
-        for f in root.iterdir()
-        if str(f).endswith(".yaml")
-    }
+    return {Path(str(f)).stem: Path(str(f)) for f in root.iterdir() if str(f).endswith(".yaml")}
 
 
 def resolve_spec_path(path_or_name: str | Path) -> Path:
@@ -490,12 +498,14 @@ def load_spec(path_or_name: str | Path, *, overrides: Mapping[str, int] | None =
     except OSError as exc:
         raise SpecError(f"{source}: cannot read: {exc.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"{source}: {where}invalid YAML: {problem}") from None
     if not isinstance(data, dict):
-        raise SpecError(f"{source}: (top level): expected a mapping of spec fields, got {type(data).__name__}")
+        raise SpecError(
+            f"{source}: (top level): expected a mapping of spec fields, got {type(data).__name__}"
+        )
     return GraphSpec.model_validate(data, source=source, overrides=overrides)

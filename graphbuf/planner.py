@@ -76,6 +76,7 @@ class Plan:
     total_bytes: int
     max_bytes: int
     _by_name: Mapping[str, BufferPlan] = field(repr=False, compare=False, default_factory=dict)
+    _requests_memo: dict[tuple[str, int], int | None] = field(repr=False, compare=False, default_factory=dict)
 
     def __getitem__(self, name: str) -> BufferPlan:
         return self._by_name[name]
@@ -93,6 +94,27 @@ class Plan:
         env = self.env(tokens)
         rows = buf.rows.eval(env)
         return (rows,) if buf.cols is None else (rows, buf.cols.eval(env))
+
+    def requests_for_rows(self, name: str, rows: int) -> int | None:
+        """The smallest live request count at which buffer ``name`` has ``rows`` rows (None if none does).
+
+        Searches request counts up to ``rows + 1`` times the largest capture's requests; rules are expected
+        to grow with the request count (``requests``, ``requests + 1``, ``tokens``).
+        """
+        key = (name, rows)
+        if key not in self._requests_memo:
+            self._requests_memo[key] = self._solve_requests(self[name], rows)
+        return self._requests_memo[key]
+
+    def _solve_requests(self, buf: BufferPlan, rows: int) -> int | None:
+        limit = (rows + 1) * max(1, self.capture_sizes[-1] // self.tokens_per_request)
+        for r in range(limit + 1):
+            n = buf.rows.eval({**self.constants, "tokens": r * self.tokens_per_request, "requests": r})
+            if n == rows:
+                return r
+            if n > rows:
+                return None
+        return None
 
     def workspace_bytes(self, ws: WorkspacePlan, tokens: int) -> int:
         env = self.env(tokens)
@@ -195,9 +217,21 @@ def plan(
         offset = _align(offset)
         buffers.append(
             BufferPlan(
-                name=name, spec_name=spec_name, group=group, dtype=dtype, shape=shape, offset=offset,
-                nbytes=nbytes, rows=rows, cols=cols, pad=b.pad, overflow=b.overflow, keep=b.keep,
-                min=bound(b.min), max=bound(b.max), description=b.description,
+                name=name,
+                spec_name=spec_name,
+                group=group,
+                dtype=dtype,
+                shape=shape,
+                offset=offset,
+                nbytes=nbytes,
+                rows=rows,
+                cols=cols,
+                pad=b.pad,
+                overflow=b.overflow,
+                keep=b.keep,
+                min=bound(b.min),
+                max=bound(b.max),
+                description=b.description,
             )
         )
         offset += nbytes

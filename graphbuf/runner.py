@@ -1,0 +1,294 @@
+"""GraphRunner: capture a callable at every capture size, then refresh → check → update → replay.
+
+The callable reads its inputs from :class:`graphbuf.StaticBuffers` views and receives a :class:`Step`::
+
+    def attention(step: Step) -> torch.Tensor:
+        bt, lens = step.views["block_table.full"], step.views["seq_lens"]
+        return step.task("decode", kernel, query, bt, lens, out, seq_lens_kv=...)  # host args: see Step.task
+
+Per :meth:`GraphRunner.run`: pick the smallest capture size that fits the live batch, refresh the buffers,
+check that every captured buffer still lives at its captured address and shape (every replay, not a debug
+mode: integer compares), re-issue captured tasks whose host arguments changed, replay, return the live
+output rows. Batches above the largest capture size, sizes whose capture failed, and sizes refused by
+first-use verification run eagerly; :class:`RunnerStats` counts every replay, fallback and reason.
+
+The returned tensors are views of the graph's static outputs: the next replay of that size overwrites
+them. Clone what you keep. A runner is not thread-safe; use one per thread (or serialize calls).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graphbuf.buffers import StaticBuffers
+from graphbuf.errors import AddressChangedError, RefreshError
+from graphbuf.expr import parse_expr
+from graphbuf.graph import Graph
+
+__all__ = ["EAGER_CAPTURE_FAILED", "EAGER_REFUSED", "EAGER_TOO_LARGE", "GraphRunner", "RunnerStats", "Step"]
+
+#: Reasons a step runs eagerly (keys of ``RunnerStats.eager_reasons``); details live in
+#: ``RunnerStats.capture_failures`` and ``RunnerStats.refused``.
+EAGER_TOO_LARGE = "batch above the largest capture size"
+EAGER_CAPTURE_FAILED = "capture failed at this size"
+EAGER_REFUSED = "graph refused by first-use verification"
+
+Output = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+@dataclass
+class Step:
+    """What the captured callable receives.
+
+    ``size`` is the token count the step runs at (a capture size, or the live token count when eager);
+    ``views`` the buffers for that size; ``graph`` the Graph being captured (None when eager);
+    ``host_args`` the host task arguments of this step, by task kind.
+    """
+
+    size: int
+    views: Mapping[str, torch.Tensor]
+    graph: Graph | None
+    host_args: Mapping[str, Mapping[str, Any]]
+    requests: int
+
+    def task(self, kind: str, fn: Callable[..., Any], *tensors: Any, **host_args: Any) -> Any:
+        """Run ``fn(*tensors, **host_args)`` as a captured task of ``kind`` (plain call when eager).
+
+        The host arguments given for ``kind`` in this step (``run(host_args=...)``) override the defaults
+        passed here; a captured task is re-issued before replay whenever they change.
+        """
+        args = {**host_args, **self.host_args.get(str(kind), {})}
+        if self.graph is None:
+            return fn(*tensors, **args)
+        return self.graph.task(kind, fn, *tensors, **args)
+
+
+@dataclass
+class RunnerStats:
+    """Counters a user can read: replays and eager runs per capture size, fallback reasons, refusals."""
+
+    replays: int = 0
+    eager: int = 0
+    task_updates: int = 0
+    replays_by_size: Counter = field(default_factory=Counter)
+    eager_reasons: Counter = field(default_factory=Counter)
+    capture_failures: dict[int, str] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)
+    refresh_s: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "replays": self.replays,
+            "eager": self.eager,
+            "task_updates": self.task_updates,
+            "replays_by_size": dict(self.replays_by_size),
+            "eager_reasons": dict(self.eager_reasons),
+            "capture_failures": {str(k): v for k, v in self.capture_failures.items()},
+            "refused": {str(k): v for k, v in self.refused.items()},
+        }
+
+
+@dataclass
+class _Captured:
+    graph: Graph
+    output: Output
+    watched: tuple[tuple[str, torch.Tensor, int, tuple[int, ...]], ...]
+    verified: bool = False
+
+
+class GraphRunner:
+    """Captures ``fn`` at every capture size of ``buffers`` and replays it for live batches.
+
+    Args:
+        buffers: the StaticBuffers the callable reads (their device is the graph device).
+        fn: ``fn(step: Step) -> Tensor | tuple[Tensor, ...]``; outputs' first dimension follows
+            ``output_rows``. It must be graph-safe: no host reads of device values, no data-dependent shapes.
+        output_rows: rule for the live output rows, an expression over ``tokens``/``requests``/constants.
+        verify: compare the first replay of each size with an eager run on the same inputs; on mismatch
+            refuse that graph (eager from then on, reason recorded in ``stats.refused``).
+        rtol, atol: the verification tolerance.
+        warmup: eager runs before capturing each size on devices that need it (cuda, npu).
+    """
+
+    def __init__(
+        self,
+        buffers: StaticBuffers,
+        fn: Callable[[Step], Output],
+        *,
+        output_rows: str = "tokens",
+        verify: bool = False,
+        rtol: float = 1e-5,
+        atol: float = 1e-5,
+        warmup: int = 2,
+    ) -> None:
+        self.buffers = buffers
+        self.fn = fn
+        self.device = buffers.device
+        self.verify = verify
+        self.rtol, self.atol = rtol, atol
+        self.warmup = warmup if self.device.type != "cpu" else 0
+        self.stats = RunnerStats()
+        self._output_rows = parse_expr(output_rows)
+        self._graphs: dict[int, _Captured] = {}
+        self._tpr = buffers.plan.tokens_per_request
+        self._max_requests = buffers.capture_sizes[-1] // self._tpr
+
+    # ------------------------------------------------------------------------------------------------------
+
+    def capture(self, host_args: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Capture ``fn`` at every capture size, largest first, sharing one memory pool.
+
+        A size whose capture raises is left uncaptured (it runs eagerly; ``stats.capture_failures``
+        holds the reason) and the others still capture. Buffers should hold valid data (e.g. after a
+        refresh) or their pads: capture runs the callable once per size.
+        """
+        pool = None
+        for size in sorted(self.buffers.capture_sizes, reverse=True):
+            views = self.buffers.view(size)
+            step = Step(size, views, None, host_args or {}, size // self._tpr)
+            try:
+                for _ in range(self.warmup):
+                    self._warm(step)
+                graph = Graph(self.device)
+                with graph.capture(pool=pool):
+                    output = self.fn(Step(size, views, graph, host_args or {}, size // self._tpr))
+            except Exception as exc:
+                self.stats.capture_failures[size] = f"{type(exc).__name__}: {exc}"
+                continue
+            if pool is None:
+                pool = graph.pool()
+            watched = tuple((name, t, t.data_ptr(), tuple(t.shape)) for name, t in views.items())
+            self._graphs[size] = _Captured(graph, output, watched)
+
+    def _warm(self, step: Step) -> None:
+        stream = getattr(torch, self.device.type).Stream()
+        stream.wait_stream(getattr(torch, self.device.type).current_stream())
+        with getattr(torch, self.device.type).stream(stream):
+            self.fn(step)
+        getattr(torch, self.device.type).current_stream().wait_stream(stream)
+
+    @property
+    def captured_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self._graphs))
+
+    def size_for(self, num_requests: int) -> int | None:
+        """The smallest capture size holding ``num_requests`` requests (None if none does)."""
+        tokens = num_requests * self._tpr
+        for s in self.buffers.capture_sizes:
+            if s >= tokens:
+                return s
+        return None
+
+    def check_addresses(self, size: int) -> None:
+        """Raise AddressChangedError if any buffer captured at ``size`` moved or changed shape."""
+        for name, t, ptr, shape in self._graphs[size].watched:
+            if t.data_ptr() != ptr or t.shape != shape:
+                raise AddressChangedError(
+                    f"buffer {name!r} of the graph captured at size {size} moved: captured at "
+                    f"{ptr:#x} {list(shape)}, now {t.data_ptr():#x} {list(t.shape)}; a buffer was rebound "
+                    "or resized instead of refreshed in place"
+                )
+
+    def _live_requests(self, sources: Mapping[str, Any], num_requests: int | None) -> int:
+        if num_requests is not None:
+            return num_requests
+        p = self.buffers.plan
+        for name, src in sources.items():
+            if name in p.names and p[name].rows.names & {"tokens", "requests"}:
+                n = p.requests_for_rows(name, len(src))
+                if n is not None:
+                    return n
+        raise RefreshError("run(): no source determines the live request count; pass num_requests=")
+
+    def run(
+        self,
+        sources: Mapping[str, Any],
+        *,
+        num_requests: int | None = None,
+        host_args: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> Output:
+        """Run one step for the live batch described by ``sources``; return the live output rows."""
+        live = self._live_requests(sources, num_requests)
+        host_args = {str(kind): args for kind, args in (host_args or {}).items()}
+        size = self.size_for(live)
+        reason = None
+        if size is None:
+            reason = EAGER_TOO_LARGE
+        elif size in self.stats.refused:
+            reason = EAGER_REFUSED
+        elif size not in self._graphs:
+            reason = EAGER_CAPTURE_FAILED
+        if reason is not None:
+            return self._eager(sources, live, host_args, reason)
+
+        t0 = time.perf_counter()
+        self.buffers.refresh(size, sources, num_requests=live)
+        self.stats.refresh_s.append(time.perf_counter() - t0)
+        self.check_addresses(size)
+        captured = self._graphs[size]
+        for task in captured.graph.tasks:
+            fresh = host_args.get(str(task.kind))
+            if fresh is not None and dict(fresh) != dict(task.host_args):
+                task.update(**fresh)
+                self.stats.task_updates += 1
+        captured.graph.replay()
+        self.stats.replays += 1
+        self.stats.replays_by_size[size] += 1
+        out = self._live_rows(captured.output, live)
+        if self.verify and not captured.verified:
+            captured.verified = True
+            step = Step(size, self.buffers.view(size), None, host_args, live)
+            expected = self._live_rows(self.fn(step), live)
+            problem = _mismatch(out, expected, self.rtol, self.atol)
+            if problem is not None:
+                self.stats.refused[size] = f"first replay differs from eager: {problem}"
+                return expected
+        return out
+
+    def _live_rows(self, output: Output, live: int) -> Output:
+        rows = self._output_rows.eval(
+            {**self.buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
+        )
+        if isinstance(output, torch.Tensor):
+            return output[:rows]
+        return tuple(o[:rows] for o in output)
+
+    def _eager(
+        self, sources: Mapping[str, Any], live: int, host_args: Mapping[str, Mapping[str, Any]], reason: str
+    ) -> Output:
+        self.stats.eager += 1
+        self.stats.eager_reasons[reason] += 1
+        views = self.eager_views(sources, live)
+        return self._live_rows(self.fn(Step(live * self._tpr, views, None, host_args, live)), live)
+
+    def eager_views(self, sources: Mapping[str, Any], live: int) -> dict[str, torch.Tensor]:
+        """Sources as device tensors of the buffers' dtypes, for an eager step of ``live`` requests.
+
+        Buffers that were omitted (``keep: true``) come from the largest capture size's views.
+        """
+        views: dict[str, torch.Tensor] = {}
+        full = self.buffers.full
+        for name in self.buffers.names:
+            if name in sources:
+                views[name] = torch.as_tensor(sources[name], dtype=full[name].dtype, device=self.device)
+            else:
+                views[name] = self.buffers.view(self.buffers.capture_sizes[-1])[name]
+        return views
+
+
+def _mismatch(got: Output, want: Output, rtol: float, atol: float) -> str | None:
+    got_t = (got,) if isinstance(got, torch.Tensor) else got
+    want_t = (want,) if isinstance(want, torch.Tensor) else want
+    for i, (g, w) in enumerate(zip(got_t, want_t)):
+        if g.shape != w.shape:
+            return f"output {i} shape {list(g.shape)} vs eager {list(w.shape)}"
+        if not torch.allclose(g.float(), w.float(), rtol=rtol, atol=atol, equal_nan=True):
+            err = (g.float() - w.float()).abs().nan_to_num(float("inf")).max().item()
+            return f"output {i} max abs error {err:.3g} (rtol={rtol}, atol={atol})"
+    return None

@@ -1,0 +1,164 @@
+"""GraphRunner: bucket choice, eager fallback and reasons, per-replay address check, first-use verification,
+capture failure isolation, and host task arguments re-issued before replay (cpu emulator)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import graphbuf
+from graphbuf.runner import EAGER_CAPTURE_FAILED, EAGER_REFUSED, EAGER_TOO_LARGE, GraphRunner, Step
+
+SPEC = {
+    "version": 1,
+    "name": "runner-test",
+    "constants": {"max_num_seqs": 8, "block_size": 4, "max_model_len": 32, "num_blocks": 16},
+    "capture": {"tokens_per_request": 1, "sizes": [2, 4, 8]},
+    "buffers": {
+        "block_table": {
+            "dtype": "int32",
+            "rows": "requests",
+            "cols": "cdiv(max_model_len, block_size)",
+            "min": 0,
+            "max": "num_blocks - 1",
+        },
+        "seq_lens": {"dtype": "int32", "rows": "requests", "min": 0, "max": "max_model_len"},
+    },
+}
+
+
+def make_buffers() -> graphbuf.StaticBuffers:
+    return graphbuf.StaticBuffers(graphbuf.GraphSpec.model_validate(SPEC))
+
+
+def batch(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "block_table": torch.randint(0, 16, (n, 5), generator=g, dtype=torch.int32),
+        "seq_lens": torch.randint(1, 33, (n,), generator=g, dtype=torch.int32),
+    }
+
+
+def simple(step: Step) -> torch.Tensor:
+    return step.views["seq_lens"].float() * 2 + step.views["block_table"].sum(1).float()
+
+
+def expected(src: dict[str, torch.Tensor]) -> torch.Tensor:
+    return src["seq_lens"].float() * 2 + src["block_table"].sum(1).float()
+
+
+def test_bucket_choice_is_smallest_fitting_size() -> None:
+    runner = GraphRunner(make_buffers(), simple, output_rows="requests")
+    assert [runner.size_for(n) for n in (0, 1, 2, 3, 4, 5, 8, 9)] == [2, 2, 2, 4, 4, 8, 8, None]
+
+
+def test_run_replays_and_returns_live_rows() -> None:
+    runner = GraphRunner(make_buffers(), simple, output_rows="requests")
+    runner.capture()
+    assert runner.captured_sizes == (2, 4, 8)
+    for n, seed in ((3, 1), (1, 2), (8, 3), (3, 4)):
+        src = batch(n, seed)
+        out = runner.run(src)
+        assert out.shape == (n,)
+        torch.testing.assert_close(out, expected(src))
+    assert runner.stats.replays == 4
+    assert runner.stats.replays_by_size == {4: 2, 2: 1, 8: 1}
+    assert runner.stats.eager == 0
+
+
+def test_batch_above_largest_size_runs_eagerly_with_reason() -> None:
+    runner = GraphRunner(make_buffers(), simple, output_rows="requests")
+    runner.capture()
+    src = batch(11, 5)
+    out = runner.run(src)
+    torch.testing.assert_close(out, expected(src))
+    assert runner.stats.eager == 1 and runner.stats.replays == 0
+    assert runner.stats.eager_reasons == {EAGER_TOO_LARGE: 1}
+
+
+def test_address_check_fires_on_every_replay_after_a_swap() -> None:
+    bufs = make_buffers()
+    runner = GraphRunner(bufs, simple, output_rows="requests")
+    runner.capture()
+    runner.run(batch(4))
+    bufs.view(4)["seq_lens"].set_(torch.zeros(4, dtype=torch.int32))  # rebound behind the runner's back
+    for _ in range(2):
+        with pytest.raises(graphbuf.AddressChangedError, match=r"seq_lens.*size 4"):
+            runner.run(batch(4))
+    runner.run(batch(2))  # other sizes are unaffected
+
+
+def test_address_check_catches_a_resize() -> None:
+    bufs = make_buffers()
+    runner = GraphRunner(bufs, simple, output_rows="requests")
+    runner.capture()
+    bufs.view(8)["block_table"].resize_(2, 8)  # same storage, new shape: the graph would misread it
+    with pytest.raises(graphbuf.AddressChangedError, match="block_table"):
+        runner.run(batch(6))
+
+
+def test_first_use_verification_refuses_graph_reading_a_rebound_tensor() -> None:
+    state = {"scale": torch.tensor(2.0)}
+
+    def fn(step: Step) -> torch.Tensor:
+        return step.views["seq_lens"].float() * state["scale"]
+
+    runner = GraphRunner(make_buffers(), fn, output_rows="requests", verify=True)
+    runner.capture()
+    state["scale"] = torch.tensor(3.0)  # rebound, not copied: the graph still reads the old tensor
+    src = batch(3)
+    out = runner.run(src)
+    torch.testing.assert_close(out, src["seq_lens"].float() * 3)  # the eager result is returned
+    assert 4 in runner.stats.refused and "differs from eager" in runner.stats.refused[4]
+    out = runner.run(batch(4, 9))
+    assert runner.stats.eager_reasons[EAGER_REFUSED] == 1
+    # a size verified correctly keeps replaying
+    runner2 = GraphRunner(make_buffers(), simple, output_rows="requests", verify=True)
+    runner2.capture()
+    runner2.run(batch(3))
+    runner2.run(batch(3, 1))
+    assert runner2.stats.refused == {} and runner2.stats.replays == 2
+
+
+def test_capture_failure_at_one_size_leaves_others_captured() -> None:
+    def fn(step: Step) -> torch.Tensor:
+        if step.graph is not None and step.size == 4:
+            raise RuntimeError("boom at 4")
+        return simple(step)
+
+    runner = GraphRunner(make_buffers(), fn, output_rows="requests")
+    runner.capture()
+    assert runner.captured_sizes == (2, 8)
+    assert "boom at 4" in runner.stats.capture_failures[4]
+    src = batch(3)
+    torch.testing.assert_close(runner.run(src), expected(src))
+    assert runner.stats.eager_reasons == {EAGER_CAPTURE_FAILED: 1}
+    src = batch(7)
+    torch.testing.assert_close(runner.run(src), expected(src))
+    assert runner.stats.replays == 1
+
+
+def test_host_task_arguments_are_reissued_only_when_they_change() -> None:
+    out_buf = torch.zeros(8)
+
+    def write_lengths(lens: torch.Tensor, out: torch.Tensor, *, host_lens: list[int]) -> None:
+        out.copy_(lens.float() + torch.tensor(host_lens, dtype=torch.float32))
+
+    def fn(step: Step) -> torch.Tensor:
+        r = step.views["seq_lens"].shape[0]
+        out = out_buf[:r]
+        step.task("custom", write_lengths, step.views["seq_lens"], out, host_lens=[0] * r)
+        return out
+
+    runner = GraphRunner(make_buffers(), fn, output_rows="requests")
+    runner.capture()
+    src = batch(2)
+    out = runner.run(src, host_args={"custom": {"host_lens": [10, 20]}})
+    torch.testing.assert_close(out, src["seq_lens"].float() + torch.tensor([10.0, 20.0]))
+    assert runner.stats.task_updates == 1
+    src2 = batch(2, 7)
+    out = runner.run(src2, host_args={"custom": {"host_lens": [10, 20]}})
+    torch.testing.assert_close(out, src2["seq_lens"].float() + torch.tensor([10.0, 20.0]))
+    assert runner.stats.task_updates == 1  # unchanged host args: no re-issue
+    out = runner.run(batch(2, 8))  # no host args given: the last issued values stay baked in
+    torch.testing.assert_close(out, batch(2, 8)["seq_lens"].float() + torch.tensor([10.0, 20.0]))
