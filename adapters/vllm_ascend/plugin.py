@@ -1,0 +1,185 @@
+"""vLLM general-plugin entry point that routes large-head decode attention on vllm-ascend to graphbuf.
+
+Declared in pyproject.toml under ``[project.entry-points."vllm.general_plugins"]`` as
+``graphbuf_vllm_ascend = "graphbuf.adapters.vllm_ascend.plugin:register"``.
+
+Invariants:
+
+- Importing this module imports only the standard library: no torch, no torch_npu, no vllm, no vllm_ascend.
+- ``register()`` never raises (vLLM calls general plugins without a try/except), does its work at most once
+  per process, and logs exactly one debug line per process saying what it decided.
+- Without vllm_ascend or without an NPU it changes nothing, and on a machine without vllm_ascend or without
+  torch_npu it never imports torch_npu.
+- It never registers a platform plugin; it only patches vllm-ascend's attention classes (see ``patch.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import threading
+
+__all__ = [
+    "DISABLE_ENV",
+    "ENTRY_POINT_NAME",
+    "SUPPORTED_VLLM_ASCEND_VERSIONS",
+    "activate",
+    "decision",
+    "is_supported_version",
+    "npu_available",
+    "register",
+    "vllm_ascend_version",
+]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_NAME = "graphbuf_vllm_ascend"
+"""Name of the entry point in the ``vllm.general_plugins`` group (what ``VLLM_PLUGINS`` lists)."""
+
+DISABLE_ENV = "GRAPHBUF_VLLM_ASCEND_DISABLE"
+"""Setting this environment variable to 1 (or true/yes/on) makes the plugin do nothing."""
+
+SUPPORTED_VLLM_ASCEND_VERSIONS: tuple[str, ...] = ("0.23.", "0.24.", "0.25.", "0.26.")
+"""vllm-ascend versions the patch was checked against.
+
+An entry ending in "." is a release-line prefix (it matches 0.23.0, 0.23.0rc1, 0.23.0.post1, ...); any other
+entry must equal the version exactly. These are the lines whose ``vllm_ascend/attention/attention_v1.py``
+has the class names, method signatures and metadata fields ``patch.py`` relies on (tags v0.23.0,
+v0.24.0rc1, v0.25.1rc1 and the releases/v0.26.0rc branch of vllm-project/vllm-ascend); Gemma4 support
+first shipped in the 0.23 line.
+"""
+
+_TRUTHY = frozenset({"1", "true", "yes", "on"})
+
+_lock = threading.Lock()
+_decision: str | None = None
+_warned_versions: set[str] = set()
+
+
+def register() -> None:
+    """vLLM entry point: decide once per process whether to patch vllm-ascend, and log the decision.
+
+    A second call in the same process does nothing. Never raises: an unexpected failure is logged as a
+    warning and recorded as the decision, and vllm-ascend is left as it was.
+    """
+    global _decision
+    with _lock:
+        if _decision is not None:
+            return
+        try:
+            result = activate()
+        except Exception as exc:  # vLLM calls general plugins without a guard; never take the process down
+            logger.warning("graphbuf vllm-ascend plugin failed and changed nothing: %r", exc)
+            result = f"failed: {exc!r}"
+        _decision = result
+        logger.debug("graphbuf vllm-ascend plugin: %s", result)
+
+
+def decision() -> str | None:
+    """What ``register()`` decided in this process, or None if it has not run here yet."""
+    return _decision
+
+
+def activate(npu_available: bool | None = None) -> str:
+    """Patch vllm-ascend if it is installed, an NPU is present and its version is supported.
+
+    ``npu_available``: None probes the machine (``npu_available()``); True/False skips the probe, which
+    lets tests drive the active path on a CPU machine with a fake vllm_ascend on ``sys.path``.
+    Returns a one-line description of what was decided. Unlike ``register()`` it may be called many times
+    (the patch itself is idempotent) and it does not log the decision. An unsupported version logs one
+    warning per process and version and changes nothing; so does an attention module whose layout the
+    patch does not recognise (one warning per call).
+    """
+    if os.environ.get(DISABLE_ENV, "").strip().lower() in _TRUTHY:
+        return f"disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]}; vllm-ascend left untouched"
+    if not _module_available("vllm_ascend"):
+        return "inactive: vllm_ascend is not importable; nothing patched"
+    if npu_available is None:
+        available, reason = _probe_npu()
+    else:
+        available, reason = npu_available, "NPU availability given by the caller"
+    if not available:
+        return f"inactive: no NPU available ({reason}); nothing patched"
+
+    version = vllm_ascend_version()
+    if version is None or not is_supported_version(version):
+        shown = version or "unknown"
+        if shown not in _warned_versions:
+            _warned_versions.add(shown)
+            logger.warning(
+                "graphbuf: vllm-ascend %s is not supported (supported: %s); vllm-ascend is left untouched "
+                "and large-head attention keeps vllm-ascend's own path",
+                shown,
+                ", ".join(SUPPORTED_VLLM_ASCEND_VERSIONS),
+            )
+        return f"inactive: vllm-ascend {shown} is not in {SUPPORTED_VLLM_ASCEND_VERSIONS}; nothing patched"
+
+    patch = importlib.import_module(f"{__package__}.patch")
+    errors = importlib.import_module("graphbuf.errors")
+    try:
+        state = patch.install(check_version=False)
+    except errors.GraphbufError as exc:  # the attention module's layout is not the one the patch knows
+        logger.warning("graphbuf: vllm-ascend %s left untouched: %s", version, exc)
+        return f"inactive: vllm-ascend {version} has an unexpected attention layout; nothing patched"
+    return f"active: vllm-ascend {version}; attention patch {state}"
+
+
+def is_supported_version(version: str, supported: tuple[str, ...] = SUPPORTED_VLLM_ASCEND_VERSIONS) -> bool:
+    """True if ``version`` (a leading "v" is ignored) equals an entry of ``supported`` or starts with an
+    entry that ends in "."."""
+    v = version.strip()
+    if v[:1] in ("v", "V"):
+        v = v[1:]
+    return any(v == s or (s.endswith(".") and v.startswith(s)) for s in supported)
+
+
+def vllm_ascend_version() -> str | None:
+    """The installed vllm-ascend version: distribution metadata first, else the package's own attribute.
+
+    Only the metadata lookup avoids importing vllm_ascend; the fallback imports it (its ``_version``
+    module written by setuptools_scm, then ``vllm_ascend.__version__``). None if neither is found.
+    """
+    try:
+        return importlib.metadata.version("vllm-ascend")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    for module_name in ("vllm_ascend._version", "vllm_ascend"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        version = getattr(module, "__version__", None)
+        if isinstance(version, str) and version:
+            return version
+    return None
+
+
+def npu_available() -> bool:
+    """True if torch_npu imports and reports at least one NPU. Imports torch_npu only if it is installed."""
+    return _probe_npu()[0]
+
+
+def _module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # ValueError: a module in sys.modules whose __spec__ is None
+        return False
+
+
+def _probe_npu() -> tuple[bool, str]:
+    if not _module_available("torch_npu"):
+        return False, "torch_npu is not installed"
+    try:
+        torch_npu = importlib.import_module("torch_npu")
+        npu = getattr(torch_npu, "npu", None)
+        if npu is None or not npu.is_available():
+            return False, "torch_npu reports no NPU"
+        count = int(npu.device_count())
+    except (ImportError, OSError, RuntimeError) as exc:
+        return False, f"torch_npu failed to load: {exc!r}"
+    if count < 1:
+        return False, "torch_npu reports 0 devices"
+    return True, f"torch_npu reports {count} NPU(s)"

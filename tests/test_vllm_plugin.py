@@ -1,0 +1,756 @@
+"""Tests of graphbuf's vLLM general plugin and its patch of vllm-ascend's attention classes.
+
+The real vllm-ascend cannot be imported here: ``vllm_ascend.attention.attention_v1`` imports torch_npu at
+module level and needs an Ascend NPU. The patch tests therefore put ``tests/fake_vllm_ascend`` (same
+package, class and method names and signatures as vllm-ascend 0.23 - 0.26) first on ``sys.path``, and
+replace graphbuf's ``large_head`` kernels with recording stubs.
+
+The discovery tests run ``vllm.plugins.load_general_plugins()`` in subprocesses, because vLLM loads general
+plugins once per process; they need vllm importable and graphbuf pip-installed (its entry point).
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import graphbuf.adapters.vllm_ascend.patch as patch
+import graphbuf.adapters.vllm_ascend.plugin as plugin
+import pytest
+import torch
+
+from graphbuf.errors import CaptureError, GraphbufError
+
+FAKE_ROOT = Path(__file__).resolve().parent / "fake_vllm_ascend"
+ADAPTER_DIR = Path(plugin.__file__).resolve().parent
+LARGE_HEAD_MODULE = f"{plugin.__package__}.large_head"
+NUM_HEADS, NUM_KV_HEADS, BLOCK_SIZE, NUM_BLOCKS, WIDTH = 2, 1, 4, 6, 3
+
+
+class CUDAGraphMode(enum.Enum):
+    """Same member names as vLLM's ``vllm.config.compilation.CUDAGraphMode``."""
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_DECODE_ONLY = (2, 0)
+    FULL_AND_PIECEWISE = (2, 1)
+
+
+# ----------------------------------------------------------------------------------------- fixtures
+
+
+def _purge_fake_modules() -> None:
+    for name in list(sys.modules):
+        if name == "vllm_ascend" or name.startswith("vllm_ascend."):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def fake_tree(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Fake vllm_ascend importable, nothing patched before or after, no vLLM forward context."""
+    patch.unpatch()
+    _purge_fake_modules()
+    monkeypatch.syspath_prepend(str(FAKE_ROOT))
+    monkeypatch.setattr(plugin, "_warned_versions", set())
+    monkeypatch.setattr(patch, "_forward_context", lambda: None)
+    yield
+    patch.unpatch()
+    _purge_fake_modules()
+
+
+@pytest.fixture
+def av1(fake_tree: Any) -> Any:
+    """The fake attention_v1 module, patched, with an empty call log."""
+    module = importlib.import_module("vllm_ascend.attention.attention_v1")
+    assert patch.install() == "applied"
+    module.CALLS.clear()
+    return module
+
+
+@pytest.fixture
+def kernels(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """Recording stand-ins for graphbuf's large_head kernels (returning 1.0 everywhere)."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+    module = types.ModuleType(LARGE_HEAD_MODULE)
+
+    def decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale):  # type: ignore[no-untyped-def]
+        calls.append(("decode", dict(block_table=block_table, seq_lens=seq_lens, scale=scale, query=query)))
+        return torch.ones_like(query)
+
+    def verify_attention(query, key_cache, value_cache, block_table, seq_lens, q_len, scale):  # type: ignore[no-untyped-def]
+        calls.append(("verify", dict(block_table=block_table, seq_lens=seq_lens, q_len=q_len, scale=scale)))
+        return torch.ones_like(query)
+
+    module.decode_attention = decode_attention  # type: ignore[attr-defined]
+    module.verify_attention = verify_attention  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, LARGE_HEAD_MODULE, module)
+    return SimpleNamespace(calls=calls, module=module)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def set_capturing(flag: bool) -> None:
+    importlib.import_module("vllm_ascend.ascend_forward_context")._EXTRA_CTX.capturing = flag
+
+
+def make_builder(
+    av1: Any,
+    *,
+    head_size: int = 512,
+    mode: CUDAGraphMode = CUDAGraphMode.FULL_DECODE_ONLY,
+    spec_tokens: int = 0,
+    cls: Any = None,
+) -> Any:
+    config = SimpleNamespace(
+        compilation_config=SimpleNamespace(cudagraph_mode=mode),
+        speculative_config=SimpleNamespace(num_speculative_tokens=spec_tokens) if spec_tokens else None,
+        quant_config=None,
+    )
+    spec = SimpleNamespace(head_size=head_size, num_kv_heads=NUM_KV_HEADS, sliding_window=None)
+    return (cls or av1.AscendAttentionMetadataBuilder)(spec, ["model.layers.5.self_attn.attn"], config, "cpu")
+
+
+class Runner:
+    """Persistent device-side buffers like vLLM's model runner: each batch gets row-prefix views."""
+
+    def __init__(self, max_reqs: int = 16) -> None:
+        self.seq_lens = torch.zeros(max_reqs, dtype=torch.int32)
+        self.block_table = torch.zeros(max_reqs, WIDTH, dtype=torch.int32)
+
+    def common(self, av1: Any, q_lens: list[int], state: str, padded_reqs: int | None = None) -> Any:
+        reqs = padded_reqs or len(q_lens)
+        starts = [0]
+        for q in q_lens:
+            starts.append(starts[-1] + q)
+        starts += [starts[-1]] * (reqs - len(q_lens))
+        self.seq_lens[:reqs] = torch.arange(reqs, dtype=torch.int32) + 5
+        self.block_table[:reqs] = torch.arange(reqs * WIDTH, dtype=torch.int32).reshape(reqs, WIDTH)
+        return SimpleNamespace(
+            query_start_loc_cpu=torch.tensor(starts, dtype=torch.int32),
+            seq_lens=self.seq_lens[:reqs],
+            block_table_tensor=self.block_table[:reqs],
+            num_reqs=reqs,
+            num_actual_tokens=sum(q_lens),
+            max_query_len=max(q_lens),
+            causal=True,
+            attn_state=getattr(av1.AscendAttentionState, state),
+        )
+
+
+def make_impl(av1: Any, head_size: int = 512, **kwargs: Any) -> Any:
+    return av1.AscendAttentionBackendImpl(
+        num_heads=NUM_HEADS, head_size=head_size, scale=0.125, num_kv_heads=NUM_KV_HEADS, **kwargs
+    )
+
+
+def kv_cache(head_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, head_size)
+    return torch.zeros(shape), torch.zeros(shape)
+
+
+def run_layer(av1: Any, impl: Any, metadata: Any, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    query = torch.randn(num_tokens, NUM_HEADS, impl.head_size)
+    output = torch.zeros_like(query)
+    result = impl.forward_impl(query, None, None, kv_cache(impl.head_size), metadata, output)
+    return output, result
+
+
+def original_calls(av1: Any, name: str) -> list[Any]:
+    return [detail for call, detail in av1.CALLS if call == name]
+
+
+# ------------------------------------------------------------------------------ module import hygiene
+
+
+@pytest.mark.parametrize("filename", ["plugin.py", "patch.py"])
+def test_module_imports_only_the_standard_library(filename: str) -> None:
+    tree = ast.parse((ADAPTER_DIR / filename).read_text())
+    imported = set()
+    for node in tree.body:  # module level only: imports inside functions are lazy by design
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{filename}: relative import at module level"
+            imported.add((node.module or "").split(".")[0])
+    non_stdlib = sorted(
+        name for name in imported if name not in sys.stdlib_module_names and name != "__future__"
+    )
+    assert non_stdlib == [], f"{filename} imports {non_stdlib} at module import time"
+
+
+# ------------------------------------------------------------------------------------ version matching
+
+
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [
+        ("0.23.0", True),
+        ("v0.23.0rc1", True),
+        ("0.23.0.post1", True),
+        ("0.24.0rc1", True),
+        ("0.25.1rc1", True),
+        ("0.26.0rc1", True),
+        ("0.2", False),
+        ("0.230.0", False),
+        ("0.22.1rc1", False),
+        ("0.18.0", False),
+        ("0.27.0", False),
+        ("0.0.0", False),
+    ],
+)
+def test_supported_version_matching(version: str, supported: bool) -> None:
+    assert plugin.is_supported_version(version) is supported
+
+
+def test_exact_entries_match_only_themselves() -> None:
+    assert plugin.is_supported_version("0.32.0rc1", ("0.32.0rc1",))
+    assert not plugin.is_supported_version("0.32.0rc10", ("0.32.0rc1",))
+
+
+# ----------------------------------------------------------------------------------------- routing
+
+
+def test_head512_decode_under_full_decode_only_goes_to_graphbuf_decode(av1: Any, kernels: Any) -> None:
+    runner = Runner()
+    builder = make_builder(av1)
+    metadata = builder.build(0, runner.common(av1, [1, 1, 1], "DecodeOnly", padded_reqs=4))
+    route = getattr(metadata, patch.ROUTE_ATTR)
+    assert route.q_len == 1
+    set_capturing(True)
+    output, result = run_layer(av1, make_impl(av1), metadata, num_tokens=4)
+
+    assert result is output
+    assert torch.equal(output, torch.ones_like(output))
+    assert original_calls(av1, "forward_impl") == []
+    assert original_calls(av1, "record_attention_compute_start") == [None]
+    [(kind, args)] = kernels.calls
+    assert kind == "decode"
+    assert args["scale"] == 0.125
+    # The runner's persistent buffers (stable addresses), not the builder's padded copy, cut to the batch.
+    assert args["block_table"].data_ptr() == runner.block_table.data_ptr()
+    assert args["block_table"].shape == (4, WIDTH)
+    assert args["seq_lens"].data_ptr() == runner.seq_lens.data_ptr()
+    assert args["seq_lens"].tolist() == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("state", ["SpecDecoding", "ChunkedPrefill"])
+def test_head512_mtp_verify_goes_to_graphbuf_verify(av1: Any, kernels: Any, state: str) -> None:
+    # ChunkedPrefill: the label vllm-ascend gives its non-MLA MTP capture dummy runs (uniform, no prefill).
+    runner = Runner()
+    builder = make_builder(av1, spec_tokens=2)
+    metadata = builder.build(0, runner.common(av1, [3, 3], state))
+    set_capturing(True)
+    output, _ = run_layer(av1, make_impl(av1), metadata, num_tokens=6)
+
+    assert original_calls(av1, "forward_impl") == []
+    [(kind, args)] = kernels.calls
+    assert (kind, args["q_len"]) == ("verify", 3)
+    assert args["block_table"].shape == (2, WIDTH)
+    assert args["seq_lens"].tolist() == [5, 6]
+    assert torch.equal(output, torch.ones_like(output))
+
+
+def test_runtime_full_mode_also_routes(av1: Any, kernels: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        patch, "_forward_context", lambda: SimpleNamespace(cudagraph_runtime_mode=CUDAGraphMode.FULL)
+    )
+    metadata = make_builder(av1).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    run_layer(av1, make_impl(av1), metadata, num_tokens=2)
+    assert [kind for kind, _ in kernels.calls] == ["decode"]
+
+
+def test_head256_calls_the_original(av1: Any, kernels: Any) -> None:
+    metadata = make_builder(av1, head_size=256).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    assert getattr(metadata, patch.ROUTE_ATTR, None) is None
+    set_capturing(True)
+    output, _ = run_layer(av1, make_impl(av1, head_size=256), metadata, num_tokens=2)
+    assert original_calls(av1, "forward_impl") == [256]
+    assert kernels.calls == []
+    assert torch.all(output == av1.ORIGINAL_OUTPUT_VALUE)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL, CUDAGraphMode.FULL_AND_PIECEWISE],
+)
+def test_other_graph_modes_call_the_original(av1: Any, kernels: Any, mode: CUDAGraphMode) -> None:
+    metadata = make_builder(av1, mode=mode).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    assert getattr(metadata, patch.ROUTE_ATTR, None) is None
+    set_capturing(True)
+    run_layer(av1, make_impl(av1), metadata, num_tokens=2)
+    assert original_calls(av1, "forward_impl") == [512]
+    assert kernels.calls == []
+
+
+@pytest.mark.parametrize(
+    ("q_lens", "state"),
+    [
+        ([7, 1], "ChunkedPrefill"),  # a prefill request in the batch
+        ([5], "PrefillNoCache"),
+        ([3, 2], "SpecDecoding"),  # not uniform
+        ([2, 2], "SpecDecoding"),  # query length neither 1 nor 1 + num_speculative_tokens
+    ],
+)
+def test_prefill_and_non_uniform_batches_call_the_original(
+    av1: Any, kernels: Any, q_lens: list[int], state: str
+) -> None:
+    metadata = make_builder(av1, spec_tokens=2).build(0, Runner().common(av1, q_lens, state))
+    assert getattr(metadata, patch.ROUTE_ATTR).q_len is None  # the group is routed, this batch is not
+    run_layer(av1, make_impl(av1), metadata, num_tokens=sum(q_lens))
+    assert original_calls(av1, "forward_impl") == [512]
+    assert kernels.calls == []
+    # Inside a full graph such a batch cannot fall back (the replay update skips the group): it must fail.
+    set_capturing(True)
+    with pytest.raises(CaptureError, match="not a pure uniform decode batch"):
+        run_layer(av1, make_impl(av1), metadata, num_tokens=sum(q_lens))
+    assert kernels.calls == []
+
+
+def test_eager_decode_outside_a_full_graph_calls_the_original(av1: Any, kernels: Any) -> None:
+    metadata = make_builder(av1).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    assert getattr(metadata, patch.ROUTE_ATTR) is not None
+    set_capturing(False)
+    run_layer(av1, make_impl(av1), metadata, num_tokens=2)
+    assert original_calls(av1, "forward_impl") == [512]
+    assert kernels.calls == []
+
+
+def test_builder_subclasses_are_never_routed(av1: Any) -> None:
+    builder = make_builder(av1, cls=av1.AscendAttentionPCPMetadataBuilder)
+    metadata = builder.build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    assert original_calls(av1, "pcp_build") == [None]
+    assert getattr(metadata, patch.ROUTE_ATTR, None) is None
+
+
+def test_routed_layer_that_graphbuf_cannot_run_raises(av1: Any, kernels: Any) -> None:
+    metadata = make_builder(av1).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    set_capturing(True)
+    with pytest.raises(CaptureError, match="sliding_window is set"):
+        run_layer(av1, make_impl(av1, sliding_window=1024), metadata, num_tokens=2)
+    with pytest.raises(CaptureError, match="block_table has 2 rows, the batch needs 3"):
+        run_layer(av1, make_impl(av1), metadata, num_tokens=3)
+    assert kernels.calls == []
+    assert original_calls(av1, "forward_impl") == []
+
+
+def reference_attention(
+    query: torch.Tensor,
+    caches: tuple[torch.Tensor, torch.Tensor],
+    table: torch.Tensor,
+    seq_lens: list[int],
+    q_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Naive paged attention: query i of request r sees key positions 0 .. seq_lens[r] - q_len + i."""
+    key_cache, value_cache = caches
+    group = NUM_HEADS // NUM_KV_HEADS
+    out = torch.zeros_like(query)
+    for r, seq_len in enumerate(seq_lens):
+        pos = torch.arange(seq_len)
+        blocks = table[r, pos // BLOCK_SIZE].long()
+        keys, values = key_cache[blocks, pos % BLOCK_SIZE], value_cache[blocks, pos % BLOCK_SIZE]
+        for i in range(q_len):
+            visible = seq_len - q_len + i + 1
+            for h in range(NUM_HEADS):
+                q = query[r * q_len + i, h]
+                k, v = keys[:visible, h // group], values[:visible, h // group]
+                out[r * q_len + i, h] = torch.softmax((k @ q) * scale, dim=0) @ v
+    return out
+
+
+@pytest.mark.parametrize(
+    ("q_lens", "state", "spec_tokens"), [([1, 1], "DecodeOnly", 0), ([3, 3], "SpecDecoding", 2)]
+)
+def test_routed_call_through_real_large_head_matches_reference(
+    av1: Any, q_lens: list[int], state: str, spec_tokens: int
+) -> None:
+    try:
+        importlib.import_module(LARGE_HEAD_MODULE)
+    except ImportError as exc:
+        pytest.skip(f"graphbuf's large_head is not importable yet: {exc!r}")
+    torch.manual_seed(0)
+    runner = Runner()
+    common = runner.common(av1, q_lens, state)
+    runner.block_table[:2] = torch.tensor([[4, 1, 0], [2, 5, 3]], dtype=torch.int32)
+    runner.seq_lens[:2] = torch.tensor([7, 10], dtype=torch.int32)
+    metadata = make_builder(av1, spec_tokens=spec_tokens).build(0, common)
+    caches = (
+        torch.randn(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, 512),
+        torch.randn(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, 512),
+    )
+    query = torch.randn(sum(q_lens), NUM_HEADS, 512)
+    output = torch.zeros_like(query)
+    set_capturing(True)
+    make_impl(av1).forward_impl(query, None, None, caches, metadata, output)
+
+    assert original_calls(av1, "forward_impl") == []
+    expected = reference_attention(query, caches, runner.block_table[:2], [7, 10], q_lens[0], 0.125)
+    torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------- output handling
+
+
+def _spy_copy(tensor: torch.Tensor) -> list[Any]:
+    calls: list[Any] = []
+    real_copy = tensor.copy_
+
+    def copy_(src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(src)
+        return real_copy(src, *args, **kwargs)
+
+    tensor.copy_ = copy_  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize("alias", ["same_object", "view_of_output"])
+def test_output_is_never_copied_onto_itself(av1: Any, kernels: Any, alias: str) -> None:
+    metadata = make_builder(av1).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    set_capturing(True)
+    query = torch.randn(2, NUM_HEADS, 512)
+    output = torch.zeros_like(query)
+    copies = _spy_copy(output)
+
+    def decode_in_place(query, key_cache, value_cache, block_table, seq_lens, scale):  # type: ignore[no-untyped-def]
+        output.fill_(3.0)
+        return output if alias == "same_object" else output.view(2, NUM_HEADS * 512)
+
+    kernels.module.decode_attention = decode_in_place
+    result = make_impl(av1).forward_impl(query, None, None, kv_cache(), metadata, output)
+    assert result is output
+    assert copies == []
+    assert torch.all(output == 3.0)
+
+
+def test_separate_result_is_copied_into_output_once(av1: Any, kernels: Any) -> None:
+    metadata = make_builder(av1).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    set_capturing(True)
+    query = torch.randn(2, NUM_HEADS, 512)
+    output = torch.zeros_like(query)
+    copies = _spy_copy(output)
+    result = make_impl(av1).forward_impl(query, None, None, kv_cache(), metadata, output)
+    assert result is output
+    assert len(copies) == 1 and copies[0].data_ptr() != output.data_ptr()
+    assert torch.equal(output, torch.ones_like(output))
+
+
+# ---------------------------------------------------------------------------- graph task updates
+
+
+def test_update_graph_params_skips_routed_groups(av1: Any) -> None:
+    runner = Runner()
+    routed = make_builder(av1).build(0, runner.common(av1, [1, 1], "DecodeOnly"))
+    sliding = make_builder(av1, head_size=256).build(0, runner.common(av1, [1, 1], "DecodeOnly"))
+    context = SimpleNamespace(
+        attn_metadata={"layers.0.attn": sliding, "layers.5.attn": routed, "layers.6.attn": sliding},
+        capturing=False,
+    )
+    drafts = [{"mtp.0.attn": routed, "mtp.1.attn": sliding}]
+    av1.AscendAttentionBackendImpl.update_graph_params(
+        "stream", context, 2, "cfg", None, draft_attn_metadatas=drafts
+    )
+
+    [call] = original_calls(av1, "update_graph_params")
+    assert call["keys"] == ["layers.0.attn", "layers.6.attn"]
+    assert call["drafts"] == [["mtp.1.attn"]]
+    assert call["num_tokens"] == 2
+    assert call["forward_context"].capturing is False  # every other attribute is the real context's
+    assert list(context.attn_metadata) == ["layers.0.attn", "layers.5.attn", "layers.6.attn"]  # untouched
+
+
+def test_update_graph_params_without_routed_groups_passes_arguments_through(av1: Any) -> None:
+    sliding = make_builder(av1, head_size=256).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    context = SimpleNamespace(attn_metadata={"layers.0.attn": sliding})
+    impl = make_impl(av1, head_size=256)
+    impl.update_graph_params("stream", context, 2, "cfg")  # a staticmethod is callable on instances too
+    [call] = original_calls(av1, "update_graph_params")
+    assert call["forward_context"] is context
+    assert call["drafts"] is None
+
+
+# ------------------------------------------------------------------------- idempotence, reversal
+
+
+def test_double_patch_wraps_once_and_keeps_metadata(fake_tree: Any) -> None:
+    module = importlib.import_module("vllm_ascend.attention.attention_v1")
+    impl_cls, builder_cls = module.AscendAttentionBackendImpl, module.AscendAttentionMetadataBuilder
+    original_forward = impl_cls.__dict__["forward_impl"]
+    original_update = impl_cls.__dict__["update_graph_params"]
+    original_build = builder_cls.__dict__["build"]
+
+    assert patch.install() == "applied"
+    assert patch.install() == "already applied"
+    assert patch.apply(module) is False
+
+    wrapped = impl_cls.__dict__["forward_impl"]
+    assert wrapped is not original_forward
+    assert wrapped.__wrapped__ is original_forward  # one layer of wrapping, not two
+    assert (wrapped.__name__, wrapped.__qualname__, wrapped.__doc__) == (
+        original_forward.__name__,
+        original_forward.__qualname__,
+        original_forward.__doc__,
+    )
+    update = impl_cls.__dict__["update_graph_params"]
+    assert isinstance(update, staticmethod)
+    assert update.__func__.__wrapped__ is original_update.__func__
+    assert update.__func__.__name__ == "update_graph_params"
+    assert builder_cls.__dict__["build"].__wrapped__ is original_build
+    assert patch.is_patched(module)
+
+
+def test_unpatch_restores_the_original_methods(fake_tree: Any) -> None:
+    module = importlib.import_module("vllm_ascend.attention.attention_v1")
+    impl_cls, builder_cls = module.AscendAttentionBackendImpl, module.AscendAttentionMetadataBuilder
+    before = (
+        impl_cls.__dict__["forward_impl"],
+        impl_cls.__dict__["update_graph_params"],
+        builder_cls.__dict__["build"],
+    )
+    patch.install()
+    assert patch.unpatch() is True
+    after = (
+        impl_cls.__dict__["forward_impl"],
+        impl_cls.__dict__["update_graph_params"],
+        builder_cls.__dict__["build"],
+    )
+    assert all(a is b for a, b in zip(before, after, strict=True))
+    assert not patch.is_patched(module)
+    assert "_graphbuf_originals" not in impl_cls.__dict__
+    assert patch.unpatch() is False
+
+
+def test_patch_is_deferred_until_the_attention_module_is_imported(fake_tree: Any) -> None:
+    assert "vllm_ascend.attention.attention_v1" not in sys.modules
+    assert patch.install() == "deferred"
+    assert patch.install() == "deferred"
+    hooks = [finder for finder in sys.meta_path if isinstance(finder, patch._PatchOnImport)]
+    assert len(hooks) == 1
+    module = importlib.import_module("vllm_ascend.attention.attention_v1")
+    assert patch.is_patched(module)
+    assert patch.install() == "already applied"
+    patch.unpatch()
+    assert not any(isinstance(finder, patch._PatchOnImport) for finder in sys.meta_path)
+    assert not patch.is_patched(module)
+
+
+def test_unexpected_layout_is_refused_and_nothing_changes(fake_tree: Any) -> None:
+    module = types.ModuleType("vllm_ascend.attention.attention_v1")
+
+    class AscendAttentionBackendImpl:
+        def forward_impl(self, query, attn_metadata):  # type: ignore[no-untyped-def]
+            return None
+
+    class AscendAttentionMetadataBuilder:
+        def build(self, common_prefix_len, common_attn_metadata, fast_build=False):  # type: ignore[no-untyped-def]
+            return None
+
+    module.AscendAttentionBackendImpl = AscendAttentionBackendImpl  # type: ignore[attr-defined]
+    module.AscendAttentionMetadataBuilder = AscendAttentionMetadataBuilder  # type: ignore[attr-defined]
+    build = AscendAttentionMetadataBuilder.__dict__["build"]
+    with pytest.raises(
+        GraphbufError, match=r"forward_impl must take .*update_graph_params must be a staticmethod"
+    ):
+        patch.apply(module)
+    assert AscendAttentionMetadataBuilder.__dict__["build"] is build
+    assert not patch.is_patched(module)
+
+
+# ------------------------------------------------------------------------------ plugin activation
+
+
+def test_activate_patches_with_fake_tree_and_npu(fake_tree: Any) -> None:
+    decision = plugin.activate(npu_available=True)
+    assert decision == "active: vllm-ascend 0.23.0; attention patch deferred"
+    module = importlib.import_module("vllm_ascend.attention.attention_v1")
+    assert patch.is_patched(module)
+    assert (
+        plugin.activate(npu_available=True) == "active: vllm-ascend 0.23.0; attention patch already applied"
+    )
+
+
+def test_activate_without_npu_changes_nothing(fake_tree: Any) -> None:
+    module = importlib.import_module("vllm_ascend.attention.attention_v1")
+    decision = plugin.activate(npu_available=False)
+    assert decision.startswith("inactive: no NPU available")
+    assert not patch.is_patched(module)
+
+
+def test_unsupported_version_warns_once_and_patches_nothing(
+    fake_tree: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    package = importlib.import_module("vllm_ascend")
+    monkeypatch.setattr(package, "__version__", "0.9.1")
+    module = importlib.import_module("vllm_ascend.attention.attention_v1")
+    with caplog.at_level(logging.DEBUG, logger=plugin.__name__):
+        first = plugin.activate(npu_available=True)
+        second = plugin.activate(npu_available=True)
+    assert first == second
+    assert first.startswith("inactive: vllm-ascend 0.9.1 is not in")
+    warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "0.9.1 is not supported" in warnings[0].getMessage()
+    assert not patch.is_patched(module)
+    assert not any(isinstance(finder, patch._PatchOnImport) for finder in sys.meta_path)
+    with pytest.raises(GraphbufError, match=r"0\.9\.1 is not supported"):
+        patch.install()
+    assert not patch.is_patched(module)
+
+
+def test_unexpected_attention_layout_warns_and_patches_nothing(
+    fake_tree: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    module = importlib.import_module("vllm_ascend.attention.attention_v1")
+    monkeypatch.delattr(module.AscendAttentionBackendImpl, "update_graph_params")
+    with caplog.at_level(logging.WARNING, logger=plugin.__name__):
+        decision = plugin.activate(npu_available=True)
+    assert decision == "inactive: vllm-ascend 0.23.0 has an unexpected attention layout; nothing patched"
+    [warning] = caplog.records
+    assert "update_graph_params must be a staticmethod" in warning.getMessage()
+    assert not patch.is_patched(module)
+    assert "forward_impl" not in [name for name, _ in module.CALLS]
+
+
+def test_disable_variable_wins(fake_tree: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(plugin.DISABLE_ENV, "1")
+    assert plugin.activate(npu_available=True).startswith(f"disabled by {plugin.DISABLE_ENV}=1")
+    assert "vllm_ascend.attention.attention_v1" not in sys.modules
+    assert not any(isinstance(finder, patch._PatchOnImport) for finder in sys.meta_path)
+
+
+def test_register_decides_once_and_logs_one_debug_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(plugin, "_decision", None)
+    calls: list[None] = []
+    monkeypatch.setattr(plugin, "activate", lambda: calls.append(None) or "inactive: stubbed")
+    with caplog.at_level(logging.DEBUG, logger=plugin.__name__):
+        plugin.register()
+        plugin.register()
+    assert calls == [None]
+    assert plugin.decision() == "inactive: stubbed"
+    assert [r.getMessage() for r in caplog.records] == ["graphbuf vllm-ascend plugin: inactive: stubbed"]
+
+
+def test_register_never_raises(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(plugin, "_decision", None)
+
+    def broken() -> str:
+        raise AttributeError("torch_npu is half installed")
+
+    monkeypatch.setattr(plugin, "activate", broken)
+    with caplog.at_level(logging.DEBUG, logger=plugin.__name__):
+        plugin.register()
+    assert plugin.decision() == "failed: AttributeError('torch_npu is half installed')"
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.DEBUG]
+
+
+def test_activate_on_this_cpu_machine_does_not_touch_torch_npu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(plugin.DISABLE_ENV, raising=False)
+    if importlib.util.find_spec("vllm_ascend") is not None:
+        pytest.skip("a vllm_ascend is importable in this environment")
+    had_torch_npu = "torch_npu" in sys.modules
+    assert plugin.activate() == "inactive: vllm_ascend is not importable; nothing patched"
+    assert ("torch_npu" in sys.modules) == had_torch_npu
+
+
+# ---------------------------------------------------------------------- real discovery through vLLM
+
+DISCOVERY_SCRIPT = r"""
+import json, logging, sys
+logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="LOG|%(name)s|%(levelname)s|%(message)s")
+try:
+    import vllm.plugins
+except Exception as exc:
+    print("NO_VLLM", repr(exc))
+    raise SystemExit(0)
+vllm.plugins.load_general_plugins()
+vllm.plugins.load_general_plugins()
+from graphbuf.adapters.vllm_ascend import plugin
+first = plugin.decision()
+plugin.register()
+print("RESULT " + json.dumps({
+    "decision": first,
+    "after_second_register": plugin.decision(),
+    "torch_npu": "torch_npu" in sys.modules,
+    "attention_v1": "vllm_ascend.attention.attention_v1" in sys.modules,
+}))
+"""
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+
+
+def run_discovery(tmp_path: Path, **env_overrides: str) -> tuple[dict[str, Any], list[str]]:
+    names = {ep.name for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    if plugin.ENTRY_POINT_NAME not in names:
+        pytest.fail(
+            f"entry point {plugin.ENTRY_POINT_NAME} is not installed; run `pip install --no-deps -e .` "
+            "in the repository root"
+        )
+    env = {k: v for k, v in os.environ.items() if k not in (plugin.DISABLE_ENV, "VLLM_PLUGINS")}
+    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_PLUGINS=plugin.ENTRY_POINT_NAME, **env_overrides)
+    proc = subprocess.run(
+        [sys.executable, "-c", DISCOVERY_SCRIPT],
+        cwd=tmp_path,  # not the checkout: graphbuf must come from the installed distribution
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if "NO_VLLM" in proc.stdout:
+        pytest.skip(f"vllm is not importable: {proc.stdout.strip()}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [result_line] = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    decision_lines = [
+        line
+        for line in proc.stdout.splitlines()
+        if line.startswith(f"LOG|{plugin.__name__}|DEBUG|graphbuf vllm-ascend plugin:")
+    ]
+    return json.loads(result_line.removeprefix("RESULT ")), decision_lines
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_vllm_discovers_and_runs_the_entry_point_once(tmp_path: Path) -> None:
+    result, lines = run_discovery(tmp_path)
+    assert result["decision"] is not None, "load_general_plugins() did not run graphbuf's register()"
+    assert result["decision"].startswith("inactive:")
+    assert result["after_second_register"] == result["decision"]
+    assert len(lines) == 1 and result["decision"] in lines[0]
+    assert result["torch_npu"] is False
+    assert result["attention_v1"] is False
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_vllm_discovery_with_fake_vllm_ascend_but_no_npu_stays_inert(tmp_path: Path) -> None:
+    pythonpath = os.pathsep.join(filter(None, [str(FAKE_ROOT), os.environ.get("PYTHONPATH")]))
+    result, lines = run_discovery(tmp_path, PYTHONPATH=pythonpath)
+    assert result["decision"].startswith("inactive: no NPU available")
+    assert len(lines) == 1
+    if importlib.util.find_spec("torch_npu") is None:
+        assert result["torch_npu"] is False
+    assert result["attention_v1"] is False
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_vllm_discovery_respects_the_disable_variable(tmp_path: Path) -> None:
+    result, lines = run_discovery(tmp_path, **{plugin.DISABLE_ENV: "1"})
+    assert result["decision"].startswith(f"disabled by {plugin.DISABLE_ENV}=1")
+    assert len(lines) == 1 and f"disabled by {plugin.DISABLE_ENV}=1" in lines[0]
+    assert result["torch_npu"] is False
