@@ -257,11 +257,16 @@ def _build_task(t: TaskSpec, p: Plan, i: int) -> Any:
         raise SpecError(f"tasks[{i}].factory: cannot import {t.factory!r}: {exc}") from None
     options = {}
     for key, value in t.options.items():
-        if isinstance(value, str) and key != "dtype":
+        if isinstance(value, str):  # an expression over constants, else a plain string (e.g. "dense")
             try:
-                value = parse_expr(value).eval(p.constants)
-            except ValueError as exc:
-                raise SpecError(f"tasks[{i}].options.{key}: {exc}") from None
+                expr = parse_expr(value)
+            except ValueError:
+                expr = None
+            if expr is not None and expr.names <= set(p.constants):
+                try:
+                    value = expr.eval(p.constants)
+                except ValueError as exc:
+                    raise SpecError(f"tasks[{i}].options.{key}: {exc}") from None
         options[key] = value
     return factory(t.name, group=t.group, **options)
 
@@ -309,8 +314,8 @@ def run_drill(
     max_req = p.capture_sizes[-1] // p.tokens_per_request
     warm = make_batch(p, max_req, rng, num_blocks)
     buffers.refresh(p.capture_sizes[-1], warm)
-    runner = GraphRunner(buffers, step_fn)
-    runner.capture(host_args(p.capture_sizes[-1], max_req, warm))
+    runner = GraphRunner(buffers, step_fn, output_rows=[getattr(t, "output_rows", "tokens") for t in tasks])
+    runner.capture()
     start_addresses = {s: buffers.addresses(s) for s in p.capture_sizes}
     report = DrillReport(
         spec=spec_obj.name,

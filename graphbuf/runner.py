@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +109,8 @@ class GraphRunner:
         buffers: the StaticBuffers the callable reads (their device is the graph device).
         fn: ``fn(step: Step) -> Tensor | tuple[Tensor, ...]``; outputs' first dimension follows
             ``output_rows``. It must be graph-safe: no host reads of device values, no data-dependent shapes.
-        output_rows: rule for the live output rows, an expression over ``tokens``/``requests``/constants.
+        output_rows: rule for the live output rows, an expression over ``tokens``/``requests``/constants;
+            a sequence gives one rule per output of a tuple.
         verify: compare the first replay of each size with an eager run on the same inputs; on mismatch
             refuse that graph (eager from then on, reason recorded in ``stats.refused``).
         rtol, atol: the verification tolerance.
@@ -121,7 +122,7 @@ class GraphRunner:
         buffers: StaticBuffers,
         fn: Callable[[Step], Output],
         *,
-        output_rows: str = "tokens",
+        output_rows: str | Sequence[str] = "tokens",
         verify: bool = False,
         rtol: float = 1e-5,
         atol: float = 1e-5,
@@ -134,15 +135,19 @@ class GraphRunner:
         self.rtol, self.atol = rtol, atol
         self.warmup = warmup if self.device.type != "cpu" else 0
         self.stats = RunnerStats()
-        self._output_rows = parse_expr(output_rows)
+        rules = (output_rows,) if isinstance(output_rows, str) else tuple(output_rows)
+        self._output_rows = tuple(parse_expr(r) for r in rules)
         self._graphs: dict[int, _Captured] = {}
         self._tpr = buffers.plan.tokens_per_request
         self._max_requests = buffers.capture_sizes[-1] // self._tpr
 
     # ------------------------------------------------------------------------------------------------------
 
-    def capture(self, host_args: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def capture(self, host_args: Callable[[int], Mapping[str, Mapping[str, Any]]] | None = None) -> None:
         """Capture ``fn`` at every capture size, largest first, sharing one memory pool.
+
+        ``host_args(size)`` gives the host task arguments to capture with at ``size`` (default: the
+        defaults the callable passes to :meth:`Step.task`); :meth:`run` re-issues tasks with fresh ones.
 
         A size whose capture raises is left uncaptured (it runs eagerly; ``stats.capture_failures``
         holds the reason) and the others still capture. Buffers should hold valid data (e.g. after a
@@ -151,13 +156,14 @@ class GraphRunner:
         pool = None
         for size in sorted(self.buffers.capture_sizes, reverse=True):
             views = self.buffers.view(size)
-            step = Step(size, views, None, host_args or {}, size // self._tpr)
+            args = host_args(size) if host_args is not None else {}
+            step = Step(size, views, None, args, size // self._tpr)
             try:
                 for _ in range(self.warmup):
                     self._warm(step)
                 graph = Graph(self.device)
                 with graph.capture(pool=pool):
-                    output = self.fn(Step(size, views, graph, host_args or {}, size // self._tpr))
+                    output = self.fn(Step(size, views, graph, args, size // self._tpr))
             except Exception as exc:
                 self.stats.capture_failures[size] = f"{type(exc).__name__}: {exc}"
                 continue
@@ -234,8 +240,11 @@ class GraphRunner:
         captured = self._graphs[size]
         for task in captured.graph.tasks:
             fresh = host_args.get(str(task.kind))
-            if fresh is not None and dict(fresh) != dict(task.host_args):
-                task.update(**fresh)
+            if fresh is None:
+                continue
+            merged = {**task.host_args, **fresh}
+            if merged != dict(task.host_args):
+                task.update(**merged)
                 self.stats.task_updates += 1
         captured.graph.replay()
         self.stats.replays += 1
@@ -252,12 +261,15 @@ class GraphRunner:
         return out
 
     def _live_rows(self, output: Output, live: int) -> Output:
-        rows = self._output_rows.eval(
-            {**self.buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
-        )
+        env = {**self.buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
+        rows = [rule.eval(env) for rule in self._output_rows]
         if isinstance(output, torch.Tensor):
-            return output[:rows]
-        return tuple(o[:rows] for o in output)
+            return output[: rows[0]]
+        if len(rows) == 1:
+            rows *= len(output)
+        if len(rows) != len(output):
+            raise ValueError(f"output_rows has {len(rows)} rules for {len(output)} outputs")
+        return tuple(o[:n] for o, n in zip(output, rows))
 
     def _eager(
         self, sources: Mapping[str, Any], live: int, host_args: Mapping[str, Mapping[str, Any]], reason: str

@@ -1,0 +1,253 @@
+"""Task binding: Gemma4 large-head decode and verify attention bound to graphbuf buffers by KV group.
+
+Every full-attention layer gets a decode task and a verify task. A task reads its block table as
+``views["block_table.<group>"]`` and its lengths as ``views["seq_lens"]``: the same captured tensors for every
+layer of the group, so one refresh per replay serves all layers and its cost does not grow with the layer
+count.
+
+* Decode (one token per request) is an :data:`~graphbuf.tasks.TaskKind.ATTENTION` task whose KV lengths are a
+  host list (``seq_lens_kv``), as Ascend's fused infer attention takes ``actual_seq_lengths_kv``. The graph
+  bakes the list; :meth:`LargeHeadBinding.host_args` gives the fresh one and the runner re-issues the task
+  before replay. On an NPU the task is the real kernel; on cpu the software kernel reads the baked list, so a
+  task that is not re-issued replays stale lengths exactly as the device would. CUDA graphs cannot re-issue
+  a task, so on cuda decode reads the device lengths instead.
+* Verify (``q_len = 1 + num_speculative_tokens`` tokens per request) is a
+  :data:`~graphbuf.tasks.TaskKind.SPEC_VERIFY_ATTENTION` task with no host arguments: the causal mask is built
+  on the device from the ``seq_lens`` buffer, whose address never changes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from graphbuf.buffers import StaticBuffers
+from graphbuf.runner import Step
+from graphbuf.tasks import TaskKind
+
+from . import kernels
+from .large_head import (
+    DEFAULT_CHUNK_BLOCKS,
+    decode_attention,
+    verify_attention,
+    verify_attention_blockwise,
+)
+
+__all__ = ["Gemma4AttentionTask", "LargeHeadBinding", "decode_task", "verify_task"]
+
+VERIFY_MODES = ("dense", "blockwise")
+
+
+def _decode_kernel(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    scale: float,
+    seq_lens_kv: list[int],
+) -> None:
+    if query.device.type == "cuda":  # no task re-issue on cuda: read the device lengths
+        out.copy_(decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale))
+        return
+    if kernels.uses_npu_kernels(query):
+        out.copy_(
+            decode_attention(
+                query, key_cache, value_cache, block_table, seq_lens, scale, seq_lens_host=seq_lens_kv
+            )
+        )
+        return
+    # Software stand-in with the NPU kernel's contract: KV lengths come from the host list, baked at capture.
+    lens = torch.tensor(seq_lens_kv, dtype=torch.int32, device=query.device)
+    out.copy_(decode_attention(query, key_cache, value_cache, block_table, lens, scale))
+
+
+def _verify_kernel(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    q_len: int,
+    scale: float,
+    mode: str,
+    chunk_blocks: int,
+) -> None:
+    if mode == "blockwise":
+        result = verify_attention_blockwise(
+            query, key_cache, value_cache, block_table, seq_lens, q_len, scale, chunk_blocks
+        )
+    else:
+        result = verify_attention(query, key_cache, value_cache, block_table, seq_lens, q_len, scale)
+    out.copy_(result)
+
+
+class LargeHeadBinding:
+    """Binds large-head attention of the layers of one KV ``group`` to graphbuf buffers.
+
+    Args:
+        group: the KV group whose ``block_table.<group>`` the layers read (``seq_lens`` is shared).
+        q_len: verify query length per request (``tokens_per_request``).
+        scale: softmax scale (default ``head_dim ** -0.5``).
+        verify_mode: ``"dense"`` (paged KV gathered to dense BNSD) or ``"blockwise"`` (chunked online softmax,
+            workspace bounded by ``chunk_blocks``).
+    """
+
+    def __init__(
+        self,
+        *,
+        group: str | None = "full",
+        q_len: int,
+        head_dim: int,
+        scale: float | None = None,
+        verify_mode: str = "dense",
+        chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
+    ) -> None:
+        if verify_mode not in VERIFY_MODES:
+            raise ValueError(f"verify_mode {verify_mode!r}; allowed: {', '.join(VERIFY_MODES)}")
+        self.group = group
+        self.q_len = q_len
+        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+        self.verify_mode = verify_mode
+        self.chunk_blocks = chunk_blocks
+
+    def block_table(self, views: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        key = f"block_table.{self.group}" if self.group else "block_table"
+        return views[key] if key in views else views["block_table"]
+
+    def decode(
+        self,
+        step: Step,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """One layer's decode: ``query``/``out`` static ``[>= B, Nq, D]``; returns ``out[:B]``."""
+        bt = self.block_table(step.views)
+        lens = step.views["seq_lens"]
+        b = bt.shape[0]
+        step.task(
+            TaskKind.ATTENTION, _decode_kernel, query[:b], key_cache, value_cache, bt, lens, out[:b],
+            scale=self.scale, seq_lens_kv=[0] * b,
+        )  # fmt: skip
+        return out[:b]
+
+    def verify(
+        self,
+        step: Step,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """One layer's MTP verify: ``query``/``out`` static ``[>= B * q_len, Nq, D]``; returns live rows."""
+        bt = self.block_table(step.views)
+        lens = step.views["seq_lens"]
+        rows = bt.shape[0] * self.q_len
+        step.task(
+            TaskKind.SPEC_VERIFY_ATTENTION, _verify_kernel, query[:rows], key_cache, value_cache, bt, lens,
+            out[:rows], q_len=self.q_len, scale=self.scale, mode=self.verify_mode,
+            chunk_blocks=self.chunk_blocks,
+        )  # fmt: skip
+        return out[:rows]
+
+    @staticmethod
+    def host_args(capture_requests: int, seq_lens: Sequence[int] | Any) -> dict[str, dict[str, Any]]:
+        """Fresh host arguments for the decode tasks: live KV lengths padded with 0 to the graph's batch."""
+        lens = [int(n) for n in seq_lens]
+        return {TaskKind.ATTENTION.value: {"seq_lens_kv": lens + [0] * (capture_requests - len(lens))}}
+
+
+class Gemma4AttentionTask:
+    """A drill task: decode or verify attention over ``layers`` full-attention layers of one KV group.
+
+    Each layer owns its paged K/V caches ``[num_blocks, block_size, Nkv, D]`` and a static output; all layers
+    share the query and the group's buffers. Returns ``[rows, layers, Nq, D]``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        mode: str,
+        group: str | None = "full",
+        layers: int = 2,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str = "float32",
+        verify_mode: str = "dense",
+        chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
+    ) -> None:
+        if mode not in ("decode", "verify"):
+            raise ValueError(f"mode {mode!r}; allowed: decode, verify")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.name, self.mode, self.group, self.layers = name, mode, group, layers
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.dtype = getattr(torch, dtype)
+        self.verify_mode, self.chunk_blocks = verify_mode, chunk_blocks
+        self.output_rows = "requests" if mode == "decode" else "tokens"
+
+    def bind(self, buffers: StaticBuffers, generator: torch.Generator) -> None:
+        p = buffers.plan
+        self.binding = LargeHeadBinding(
+            group=self.group, q_len=p.tokens_per_request, head_dim=self.head_dim,
+            verify_mode=self.verify_mode, chunk_blocks=self.chunk_blocks,
+        )  # fmt: skip
+        self.capture_requests = {s: s // p.tokens_per_request for s in p.capture_sizes}
+        block_size = int(p.constants["block_size"])  # type: ignore[arg-type]
+        num_blocks = int(p.constants["num_blocks"])  # type: ignore[arg-type]
+        dev = buffers.device
+        cache = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self.key_caches = [torch.empty(cache, dtype=self.dtype, device=dev) for _ in range(self.layers)]
+        self.value_caches = [torch.empty(cache, dtype=self.dtype, device=dev) for _ in range(self.layers)]
+        max_rows = (
+            p.capture_sizes[-1] if self.mode == "verify" else p.capture_sizes[-1] // p.tokens_per_request
+        )
+        self.query = torch.empty((max_rows, self.num_heads, self.head_dim), dtype=self.dtype, device=dev)
+        self.outs = [torch.zeros_like(self.query) for _ in range(self.layers)]
+        for t in (*self.key_caches, *self.value_caches, self.query):
+            _fill_randn(t, generator)
+
+    def randomize(self, live_requests: int, generator: torch.Generator) -> None:
+        """New query values and one new KV block per layer, in place (addresses never change)."""
+        _fill_randn(self.query, generator)
+        for cache in (*self.key_caches, *self.value_caches):
+            block = int(torch.randint(0, cache.shape[0], (1,), generator=generator))
+            _fill_randn(cache[block], generator)
+
+    def __call__(self, step: Step) -> torch.Tensor:
+        run = self.binding.decode if self.mode == "decode" else self.binding.verify
+        outs = [
+            run(step, self.query, k, v, o) for k, v, o in zip(self.key_caches, self.value_caches, self.outs)
+        ]
+        return torch.stack(outs, dim=1)
+
+    def host_args(self, size: int, live: int, sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        if self.mode != "decode":
+            return {}
+        requests = self.capture_requests.get(size, live)
+        return self.binding.host_args(requests, sources["seq_lens"])
+
+
+def _fill_randn(t: torch.Tensor, generator: torch.Generator) -> None:
+    t.copy_(torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.dtype))
+
+
+def decode_task(name: str, **options: Any) -> Gemma4AttentionTask:
+    """Spec task factory (``graphbuf.adapters.vllm_ascend.binding:decode_task``): decode attention."""
+    return Gemma4AttentionTask(name, mode="decode", **options)
+
+
+def verify_task(name: str, **options: Any) -> Gemma4AttentionTask:
+    """Spec task factory (``graphbuf.adapters.vllm_ascend.binding:verify_task``): MTP verify attention."""
+    return Gemma4AttentionTask(name, mode="verify", **options)
