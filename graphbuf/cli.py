@@ -118,7 +118,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
     spec = load_spec(args.spec, overrides=overrides)
-    p = plan(spec, overrides=overrides)
+    p = plan(args.spec, overrides=overrides)  # from the path, so a too-large plan names the file
     print(
         f"{args.spec}: ok: {spec.name}, {len(p.buffers)} buffers, {p.total_bytes} bytes, capture sizes "
         f"{p.capture_sizes[0]}..{p.capture_sizes[-1]} ({len(p.capture_sizes)})"

@@ -322,6 +322,14 @@ class Refresher:
                     size,
                     f"values {amin}..{amax} do not fit {_dtype_name(slot.plan.dtype)} ({lo}..{hi})",
                 )
+        elif arr.size and slot.kind == "f" and slot.plan.dtype != torch.float64:
+            finite = torch.finfo(slot.plan.dtype).max
+            big = float(np.abs(arr[np.isfinite(arr)]).max(initial=0.0))
+            if big > finite:
+                raise self._fail(
+                    RefreshError, name, size,
+                    f"value {big:g} does not fit {_dtype_name(slot.plan.dtype)} (largest finite {finite:g})",
+                )  # fmt: skip
         return arr
 
     def _bounds_error(

@@ -246,6 +246,8 @@ def _parent_kind(loc: list[str | int]) -> str:
         return head[0]
     if head[0] == "tasks" and len(head) == 2:
         return "tasks"
+    if head == ["capture", "sizes"]:
+        return "sizes"
     return str(head[0]) if len(head) == 1 else ""
 
 
@@ -256,6 +258,7 @@ _MODEL_FOR: dict[str, type[BaseModel]] = {
     "workspaces": WorkspaceSpec,
     "tasks": TaskSpec,
     "limits": LimitsSpec,
+    "sizes": SizeRange,
 }
 
 
