@@ -191,8 +191,12 @@ def plan(
     for name, b in spec.buffers.items():
         groups: list[str | None] = list(spec.groups) if b.per_group else [None]
         entries += [(f"{name}.{g}" if g else name, name, g) for g in groups]
-    # Buffers that may be omitted from a refresh go last, so one contiguous upload covers the rest.
-    entries.sort(key=lambda e: spec.buffers[e[1]].keep)
+    # Buffers that may be omitted from a refresh go last, so one contiguous upload covers the rest; within
+    # that, buffers of one dtype sit together, so refresh checks each dtype's bounds in one vector pass.
+    first_of = {}
+    for b in spec.buffers.values():
+        first_of.setdefault(b.dtype, len(first_of))
+    entries.sort(key=lambda e: (spec.buffers[e[1]].keep, first_of[spec.buffers[e[1]].dtype]))
 
     def bound(text: Any) -> int | None:
         if text is None:
