@@ -1,0 +1,202 @@
+"""Adapter task binding on the shipped Gemma4 spec (cpu emulator, software kernels): per-layer decode and
+verify tasks share their KV group's buffers, decode KV lengths are host task arguments re-issued before replay, the
+drill runs both tasks, and a too-wide block table is rejected with the buffers unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import graphbuf
+from graphbuf.adapters.vllm_ascend.binding import Gemma4AttentionTask, LargeHeadBinding
+from graphbuf.cli import main
+from graphbuf.drill import make_batch, run_drill
+from graphbuf.runner import GraphRunner, Step
+from graphbuf.tasks import TaskKind
+
+# The shipped spec at a small model length so the software kernels run fast; the layout is unchanged.
+SMALL = {"max_model_len": 256, "num_blocks": 32}
+
+
+def gemma_buffers(**extra: int) -> graphbuf.StaticBuffers:
+    return graphbuf.StaticBuffers("gemma4-31b-it-mtp", overrides={**SMALL, **extra})
+
+
+def tasks_for(bufs: graphbuf.StaticBuffers, layers: int, mode: str) -> Gemma4AttentionTask:
+    c = bufs.plan.constants
+    task = Gemma4AttentionTask(
+        mode, mode=mode, group="full", layers=layers, num_heads=int(c["num_heads_per_rank"]),
+        num_kv_heads=int(c["full_kv_heads_per_rank"]), head_dim=64,
+    )  # fmt: skip
+    task.bind(bufs, torch.Generator().manual_seed(0))
+    return task
+
+
+def reference(task: Gemma4AttentionTask, bt: np.ndarray, lens: np.ndarray) -> torch.Tensor:
+    """Independent FP32 loop: each query sees keys 0 .. seq_len - q_len + i of its own request."""
+    q_len = task.binding.q_len if task.mode == "verify" else 1
+    bs = task.key_caches[0].shape[1]
+    rows = len(lens) * q_len
+    out = torch.zeros(rows, task.layers, task.num_heads, task.head_dim)
+    rep = task.num_heads // task.num_kv_heads
+    for layer in range(task.layers):
+        kc, vc = task.key_caches[layer].float(), task.value_caches[layer].float()
+        for r, n in enumerate(lens):
+            for i in range(q_len):
+                visible = int(n) - q_len + i + 1
+                if visible <= 0:
+                    continue
+                pos = torch.arange(visible)
+                blocks = torch.as_tensor(bt[r][(pos // bs).numpy()].astype(np.int64))
+                k = kc[blocks, pos % bs].repeat_interleave(rep, dim=1)  # [visible, Nq, D]
+                v = vc[blocks, pos % bs].repeat_interleave(rep, dim=1)
+                q = task.query[r * q_len + i].float()
+                p = torch.softmax(torch.einsum("hd,khd->hk", q, k) * task.binding.scale, dim=-1)
+                out[r * q_len + i, layer] = torch.einsum("hk,khd->hd", p, v)
+    return out
+
+
+def test_every_layer_binds_the_same_group_buffers() -> None:
+    bufs = gemma_buffers()
+    decode, verify = tasks_for(bufs, 2, "decode"), tasks_for(bufs, 2, "verify")
+    runner = GraphRunner(bufs, lambda s: (decode(s), verify(s)), output_rows=["requests", "tokens"])
+    runner.capture()
+    for size in bufs.capture_sizes:
+        graph = runner._graphs[size].graph
+        views = bufs.view(size)
+        kinds = [t.kind for t in graph.tasks]
+        assert kinds == [TaskKind.ATTENTION] * 2 + [TaskKind.SPEC_VERIFY_ATTENTION] * 2
+        for task in graph.tasks:
+            bt, lens = task.tensor_args[3], task.tensor_args[4]
+            assert bt.data_ptr() == views["block_table.full"].data_ptr()
+            assert bt.shape == views["block_table.full"].shape
+            assert lens.data_ptr() == views["seq_lens"].data_ptr()
+
+
+def test_refresh_work_does_not_depend_on_layer_count() -> None:
+    """Layers bind views; the plan (what refresh writes) is identical for 60 and 240 layers."""
+    p60 = graphbuf.plan("gemma4-31b-it-mtp", overrides={"num_layers": 60})
+    p240 = graphbuf.plan("gemma4-31b-it-mtp", overrides={"num_layers": 240})
+    assert p60.constants["num_full_layers"] == 10 and p240.constants["num_full_layers"] == 40
+    assert [(b.name, b.shape, b.offset) for b in p60.buffers] == [
+        (b.name, b.shape, b.offset) for b in p240.buffers
+    ]
+    assert p60.total_bytes == p240.total_bytes
+
+
+@pytest.mark.parametrize("mode", ["decode", "verify"])
+def test_replays_follow_fresh_lengths_and_tables(mode: str) -> None:
+    bufs = gemma_buffers()
+    task = tasks_for(bufs, 2, mode)
+    runner = GraphRunner(bufs, task, output_rows=task.output_rows)
+    runner.capture()
+    rng = np.random.default_rng(1)
+    gen = torch.Generator().manual_seed(1)
+    addresses = {s: bufs.addresses(s) for s in bufs.capture_sizes}
+    for live in (3, 1, 7, 2, 2):
+        task.randomize(live, gen)
+        src = make_batch(bufs.plan, live, rng, 32)
+        size = runner.size_for(live)
+        got = runner.run(src, host_args=task.host_args(size, live, src))
+        want = reference(task, src["block_table.full"], src["seq_lens"])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert runner.stats.replays == 5
+    assert {s: bufs.addresses(s) for s in bufs.capture_sizes} == addresses
+    if mode == "decode":
+        assert runner.stats.task_updates >= 2 * 4  # two layers re-issued per changed batch
+        graph = runner._graphs[runner.size_for(2)].graph
+        assert all(list(t.host_args["seq_lens_kv"])[:2] == list(src["seq_lens"]) for t in graph.tasks)
+
+
+def test_decode_without_reissue_replays_stale_host_lengths() -> None:
+    """Faithful to the device: host KV lengths are baked into the captured task until it is re-issued."""
+    bufs = gemma_buffers()
+    task = tasks_for(bufs, 1, "decode")
+    runner = GraphRunner(bufs, task, output_rows="requests")
+    runner.capture()
+    rng = np.random.default_rng(2)
+    src = make_batch(bufs.plan, 4, rng, 32)
+    fresh = runner.run(src, host_args=task.host_args(16, 4, src)).clone()
+    torch.testing.assert_close(fresh, reference(task, src["block_table.full"], src["seq_lens"]))
+    src2 = dict(src, seq_lens=np.maximum(src["seq_lens"] // 2, 1).astype(np.int32))
+    stale = runner.run(src2).clone()  # no host args: the task keeps the lengths it was issued with
+    torch.testing.assert_close(stale, fresh)
+    updated = runner.run(src2, host_args=task.host_args(16, 4, src2))
+    torch.testing.assert_close(updated, reference(task, src2["block_table.full"], src2["seq_lens"]))
+    assert not torch.allclose(updated, stale)
+
+
+def test_host_args_pad_lengths_to_the_captured_batch() -> None:
+    assert LargeHeadBinding.host_args(4, [7, 9]) == {"attention": {"seq_lens_kv": [7, 9, 0, 0]}}
+
+
+def test_too_wide_block_table_is_rejected_and_buffers_unchanged() -> None:
+    bufs = gemma_buffers()
+    src = make_batch(bufs.plan, 4, np.random.default_rng(3), 32)
+    bufs.refresh(16, src)
+    before = bufs.slab.numpy().tobytes()
+    alloc = bufs.full["block_table.full"].shape[1]
+    wide = dict(src, **{"block_table.full": np.zeros((4, alloc + 1), dtype=np.int32)})
+    with pytest.raises(graphbuf.WidthError, match=r"block_table\.full.*captured allocation of 2 columns"):
+        bufs.refresh(16, wide)
+    assert bufs.slab.numpy().tobytes() == before
+
+
+def test_drill_runs_decode_and_verify_on_the_gemma_spec() -> None:
+    report = run_drill(
+        "gemma4-31b-it-mtp", replays=12, seed=1, overrides={"max_model_len": 256, "drill_layers": 1}
+    )
+    assert report.tasks == ["decode", "verify"]
+    assert report.ok, report.render()
+    assert all(r.replays >= 1 for r in report.rows.values())
+    assert all(r.addresses_stable for r in report.rows.values())
+    assert report.stats["task_updates"] > 0
+
+
+def test_drill_json_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["drill", "gemma4-31b-it-mtp", "--replays", "12", "--json", "--set", "max_model_len=256",
+                 "--set", "drill_layers=1"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["ok"] is True
+    assert [s["size"] for s in out["sizes"]] == list(range(4, 49, 4))
+
+
+def test_spec_chooses_blockwise_verify() -> None:
+    spec = graphbuf.load_spec("gemma4-31b-it-mtp")
+    tasks = [
+        t.model_copy(update={"options": {**t.options, "verify_mode": "blockwise", "chunk_blocks": 1}})
+        if t.name == "verify" else t
+        for t in spec.tasks
+    ]  # fmt: skip
+    spec = spec.model_copy(update={"tasks": tasks})
+    report = run_drill(spec, replays=12, overrides={"max_model_len": 256, "drill_layers": 1})
+    assert report.ok, report.render()
+
+
+def test_drill_reports_a_mismatch_as_failure() -> None:
+    """A callable that reads a rebound (not refreshed) tensor differs from eager: the drill says FAIL."""
+
+    class Stale:
+        name, output_rows = "stale", "requests"
+
+        def bind(self, buffers: graphbuf.StaticBuffers, generator: torch.Generator) -> None:
+            self.scale = torch.ones(())
+
+        def randomize(self, live: int, generator: torch.Generator) -> None:
+            self.scale = torch.full((), float(live))  # rebound: the graph keeps the old tensor
+
+        def __call__(self, step: Step) -> torch.Tensor:
+            return step.views["seq_lens"].float() * self.scale
+
+    import graphbuf.drill as drill
+
+    original = drill._build_tasks
+    drill._build_tasks = lambda spec, p: [Stale()]
+    try:
+        report = run_drill("gemma4-31b-it-mtp", replays=12, overrides={"max_model_len": 256})
+    finally:
+        drill._build_tasks = original
+    assert not report.ok and "FAIL" in report.render()
