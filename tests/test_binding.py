@@ -1,6 +1,8 @@
-"""Adapter task binding on the shipped Gemma4 spec (cpu emulator, software kernels): per-layer decode and
-verify tasks share their KV group's buffers, decode KV lengths are host task arguments re-issued before replay, the
-drill runs both tasks, and a too-wide block table is rejected with the buffers unchanged."""
+"""Adapter task binding on the shipped Gemma4 spec (cpu emulator, software kernels).
+
+Per-layer decode and verify tasks share their KV group's buffers, decode KV lengths are host task arguments
+re-issued before replay, the drill runs both tasks, and a too-wide block table is rejected with the buffers
+unchanged."""
 
 from __future__ import annotations
 
