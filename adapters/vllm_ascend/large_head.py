@@ -39,8 +39,9 @@ __all__ = [
     "verify_workspace_bytes",
 ]
 
-DEFAULT_CHUNK_BLOCKS = 4
-"""Blocks per chunk of the blockwise path (512 keys at vllm-ascend's kernel block size 128)."""
+DEFAULT_CHUNK_BLOCKS = 2
+"""Blocks per chunk of the blockwise path: 256 keys at block size 128, which bounds the bf16 workspace of the
+Gemma4 verify at 1/8 of the dense gather's (8.07× less at capture size 48)."""
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)

@@ -1,0 +1,230 @@
+"""Helpers shared by graphbuf's benchmarks: timing, realistic decode-step sources, tables and JSON.
+
+Timing: every figure is a median of per-call wall-clock samples (``time.perf_counter_ns``) taken after a
+warm-up, with the garbage collector paused. :func:`compare` interleaves the contenders round by round so
+that drift (clock frequency, other load) hits all of them alike. Nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphbuf.planner import Plan
+
+__all__ = [
+    "SPEC",
+    "compare",
+    "environment",
+    "median_us",
+    "render_table",
+    "step_sources",
+    "write_json",
+]
+
+#: The spec every benchmark measures.
+SPEC = "gemma4-31b-it-mtp"
+
+
+def _samples_ns(call: Callable[[], object], iters: int, inner: int) -> list[float]:
+    clock = time.perf_counter_ns
+    out: list[float] = []
+    if inner == 1:
+        for _ in range(iters):
+            t0 = clock()
+            call()
+            out.append(clock() - t0)
+        return out
+    loop = range(inner)
+    for _ in range(iters):
+        t0 = clock()
+        for _ in loop:
+            call()
+        out.append((clock() - t0) / inner)
+    return out
+
+
+def median_us(call: Callable[[], object], *, iters: int, warmup: int = 10, inner: int = 1) -> float:
+    """Median µs per call of ``call`` over ``iters`` samples after ``warmup`` calls.
+
+    ``inner`` > 1 times that many back-to-back calls per sample and divides, for sub-µs calls whose cost
+    is near the clock's own overhead.
+    """
+    for _ in range(warmup):
+        call()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        samples = _samples_ns(call, iters, inner)
+    finally:
+        if enabled:
+            gc.enable()
+    return statistics.median(samples) / 1e3
+
+
+def compare(
+    calls: Mapping[str, Callable[[], object]],
+    *,
+    iters: int | Mapping[str, int],
+    rounds: int = 5,
+    warmup: int = 10,
+    inner: int | Mapping[str, int] = 1,
+) -> dict[str, float]:
+    """Median µs per call of each named call, measured in ``rounds`` interleaved rounds.
+
+    ``iters`` (per name, or one for all) is the total number of samples per call, split evenly over the
+    rounds; the result is the median of all of a call's samples.
+    """
+    names = list(calls)
+    per_iters = {n: iters[n] if isinstance(iters, Mapping) else iters for n in names}
+    per_inner = {n: inner[n] if isinstance(inner, Mapping) else inner for n in names}
+    for n in names:
+        for _ in range(warmup):
+            calls[n]()
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for n in names:
+                samples[n] += _samples_ns(calls[n], max(1, per_iters[n] // rounds), per_inner[n])
+    finally:
+        if enabled:
+            gc.enable()
+    return {n: statistics.median(s) / 1e3 for n, s in samples.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sources
+
+
+def step_sources(
+    p: Plan,
+    live: int,
+    rng: np.random.Generator,
+    *,
+    max_len: int | None = None,
+    pin_memory: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Host sources of one decode step of ``live`` requests, as vLLM's CPU-side input buffers hold them.
+
+    Each source is a torch CPU tensor sliced from a persistent buffer the size of the serving envelope
+    (``max_num_seqs`` rows, the allocation's columns), so block tables are row-strided views exactly like
+    ``block_table_cpu[:n, :w]``. Sequence lengths are uniform in ``[tokens_per_request, max_len]`` (default
+    3/4 of ``max_model_len``); block tables are ``w`` = blocks needed by the longest sequence wide, narrower
+    than the allocation, with leftover ids past each row's own blocks (as a reused CPU table has). The
+    sliding group's table holds the null block 0 for blocks wholly outside the window. Query offsets and
+    both slot mappings are consistent with lengths and tables. ``pin_memory`` pins the persistent buffers
+    (needs CUDA).
+    """
+    c = p.constants
+    tpr = p.tokens_per_request
+    bs = int(c["block_size"])  # type: ignore[arg-type]
+    num_blocks = int(c["num_blocks"])  # type: ignore[arg-type]
+    window = int(c.get("sliding_window") or 0)
+    alloc_w = p["block_table.full"].shape[1]
+    max_rows = int(c.get("max_num_seqs") or p["block_table.full"].shape[0])
+    if max_len is None:
+        max_len = int(c["max_model_len"]) * 3 // 4  # type: ignore[operator]
+    max_len = min(max_len, alloc_w * bs)
+
+    lens = rng.integers(tpr, max_len + 1, size=live).astype(np.int32)
+    need = -(-lens.astype(np.int64) // bs)
+    width = int(need.max(initial=1))
+
+    def persistent(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        t = torch.zeros(shape, dtype=dtype)
+        return t.pin_memory() if pin_memory else t
+
+    out: dict[str, torch.Tensor] = {}
+    tables: dict[str, np.ndarray] = {}
+    for group in ("full", "sliding"):
+        table = rng.integers(0, num_blocks, size=(live, width)).astype(np.int32)  # leftovers past need
+        for r in range(live):
+            n = int(need[r])
+            table[r, :n] = rng.choice(num_blocks, size=n, replace=False)
+            if group == "sliding" and window:
+                first_pos = max(0, int(lens[r]) - tpr - window + 1)  # oldest position any new token sees
+                table[r, : first_pos // bs] = 0
+        tables[group] = table
+        buf = persistent((max_rows, alloc_w), torch.int32)
+        buf[:live, :width] = torch.from_numpy(table)
+        out[f"block_table.{group}"] = buf[:live, :width]
+    seq = persistent((max_rows,), torch.int32)
+    seq[:live] = torch.from_numpy(lens)
+    out["seq_lens"] = seq[:live]
+    qsl = persistent((max_rows + 1,), torch.int32)
+    qsl[: live + 1] = torch.arange(live + 1, dtype=torch.int32) * tpr
+    out["query_start_loc"] = qsl[: live + 1]
+    rows = np.repeat(np.arange(live), tpr)
+    pos = np.repeat(lens.astype(np.int64) - tpr, tpr) + np.tile(np.arange(tpr), live)
+    for group, table in tables.items():
+        slots = table[rows, pos // bs].astype(np.int64) * bs + pos % bs
+        buf = persistent((max_rows * tpr,), torch.int64)
+        buf[: live * tpr] = torch.from_numpy(slots)
+        out[f"slot_mapping.{group}"] = buf[: live * tpr]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Output
+
+
+def render_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table: ``title``, a header line, a rule, one line per row (floats to 3 significant
+    figures at least, 1 decimal for values ≥ 100)."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, bool) or v is None:
+            return {True: "yes", False: "no", None: "-"}[v]
+        if isinstance(v, float):
+            if math.isnan(v) or math.isinf(v):
+                return str(v)
+            if abs(v) >= 100:
+                return f"{v:.1f}"
+            return f"{v:.3g}" if abs(v) < 1 else f"{v:.2f}"
+        return str(v)
+
+    text = [[cell(v) for v in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in text)) if text else len(h) for i, h in enumerate(headers)]
+    lines = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths))]
+    lines.append("-" * len(lines[1]))
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in text]
+    return "\n".join(lines)
+
+
+def environment() -> dict[str, Any]:
+    """Where and when the figures were taken."""
+    return {
+        "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+    }
+
+
+def write_json(
+    path: Path, benchmark: str, results: Mapping[str, Any], *, skipped: bool = False, **meta: Any
+) -> Path:
+    """Write ``{"benchmark", "skipped", "meta" (environment + meta), "results"}`` to ``path``; return it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": benchmark, "skipped": skipped, "meta": {**environment(), **meta}, "results": results}
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return path
