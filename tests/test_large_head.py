@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+
 from graphbuf.adapters.vllm_ascend import kernels
 from graphbuf.adapters.vllm_ascend import large_head as lh
 

@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+
 from graphbuf.adapters.vllm_ascend import large_head as lh
 
 pytestmark = [

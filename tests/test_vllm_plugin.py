@@ -26,11 +26,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import graphbuf.adapters.vllm_ascend.patch as patch
-import graphbuf.adapters.vllm_ascend.plugin as plugin
 import pytest
 import torch
 
+import graphbuf.adapters.vllm_ascend.patch as patch
+import graphbuf.adapters.vllm_ascend.plugin as plugin
 from graphbuf.errors import CaptureError, GraphbufError
 
 FAKE_ROOT = Path(__file__).resolve().parent / "fake_vllm_ascend"
