@@ -25,6 +25,7 @@ import torch
 from graphbuf.buffers import StaticBuffers
 from graphbuf.errors import SpecError
 from graphbuf.expr import parse_expr
+from graphbuf.graph import Graph
 from graphbuf.planner import Plan, plan
 from graphbuf.runner import GraphRunner, Step
 from graphbuf.spec import GraphSpec, TaskSpec, load_spec
@@ -283,6 +284,7 @@ def run_drill(
 ) -> DrillReport:
     """Run the drill and return its report (see the module docstring)."""
     started = time.perf_counter()
+    Graph(device)  # DeviceUnavailableError, before any work, if the device or its runtime is missing
     spec_obj = spec if isinstance(spec, GraphSpec) else load_spec(spec, overrides=overrides)
     overrides = dict(overrides or {})
     if "num_blocks" not in spec_obj.constants:

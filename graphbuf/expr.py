@@ -200,5 +200,8 @@ def parse_expr(source: str | int) -> Expr:
         return Expr(str(source), _Node("int", source), frozenset())
     if not isinstance(source, str):
         raise ExprError(f"expected an integer or an expression string, got {type(source).__name__}")
-    root = _Parser(source).parse()
+    try:
+        root = _Parser(source).parse()
+    except RecursionError:
+        raise ExprError(f"expression nested too deeply ({len(source)} characters)") from None
     return Expr(source, root, _names(root))

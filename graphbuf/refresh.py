@@ -578,6 +578,16 @@ class Refresher:
         for slot, src, _, _, _ in prepared:
             if src is not None and src.size:
                 self._check_values_host(slot, src, slot.plan.name, size)
+        for slot in self._order:  # unreachable with a checked spec (pads lie within bounds); name the buffer
+            b, view = slot.plan, slot.targets[0]
+            if (
+                slot.in_image
+                and view.size
+                and ((b.min is not None and view.min() < b.min) or (b.max is not None and view.max() > b.max))
+            ):
+                raise self._fail(
+                    RefreshError, b.name, size, f"a padded value lies outside min/max of {b.name}"
+                )
         raise RefreshError(f"refresh(size={size}): a value is outside its buffer's min/max bounds")
 
     # Phase 3: one host-to-device upload, then device-to-device copies.

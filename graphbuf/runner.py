@@ -98,7 +98,7 @@ class RunnerStats:
 class _Captured:
     graph: Graph
     output: Output
-    watched: tuple[tuple[str, torch.Tensor, int, tuple[int, ...]], ...]
+    watched: tuple[tuple[str, torch.Tensor, int, torch.Size, tuple[int, ...]], ...]
     verified: bool = False
 
 
@@ -169,7 +169,7 @@ class GraphRunner:
                 continue
             if pool is None:
                 pool = graph.pool()
-            watched = tuple((name, t, t.data_ptr(), tuple(t.shape)) for name, t in views.items())
+            watched = tuple((name, t, t.data_ptr(), t.shape, t.stride()) for name, t in views.items())
             self._graphs[size] = _Captured(graph, output, watched)
 
     def _warm(self, step: Step) -> None:
@@ -193,12 +193,13 @@ class GraphRunner:
 
     def check_addresses(self, size: int) -> None:
         """Raise AddressChangedError if any buffer captured at ``size`` moved or changed shape."""
-        for name, t, ptr, shape in self._graphs[size].watched:
-            if t.data_ptr() != ptr or t.shape != shape:
+        for name, t, ptr, shape, stride in self._graphs[size].watched:
+            if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride:
                 raise AddressChangedError(
                     f"buffer {name!r} of the graph captured at size {size} moved: captured at "
-                    f"{ptr:#x} {list(shape)}, now {t.data_ptr():#x} {list(t.shape)}; a buffer was rebound "
-                    "or resized instead of refreshed in place"
+                    f"{ptr:#x} shape {list(shape)} stride {list(stride)}, now {t.data_ptr():#x} shape "
+                    f"{list(t.shape)} stride {list(t.stride())}; a buffer was rebound, resized or "
+                    "restrided instead of refreshed in place"
                 )
 
     def _live_requests(self, sources: Mapping[str, Any], num_requests: int | None) -> int:

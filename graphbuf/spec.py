@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from graphbuf.errors import SpecError
 from graphbuf.expr import Expr, ExprError, parse_expr
@@ -59,7 +59,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
 _RESERVED = frozenset((*CAPTURE_VARS, "min", "max", "cdiv"))
 DEFAULT_MAX_BYTES = 1 << 30
 
-IntExpr = int | str
+IntExpr = StrictInt | str
 
 
 class _Strict(BaseModel):
@@ -69,9 +69,9 @@ class _Strict(BaseModel):
 class SizeRange(_Strict):
     """Capture sizes ``start, start+step, ..., stop`` (stop inclusive)."""
 
-    start: int = Field(description="First capture size (tokens).")
-    stop: int = Field(description="Last capture size (tokens), inclusive.")
-    step: int = Field(1, description="Distance between sizes.")
+    start: StrictInt = Field(description="First capture size (tokens).")
+    stop: StrictInt = Field(description="Last capture size (tokens), inclusive.")
+    step: StrictInt = Field(1, description="Distance between sizes.")
 
 
 class CaptureSpec(_Strict):
@@ -80,7 +80,7 @@ class CaptureSpec(_Strict):
     tokens_per_request: IntExpr = Field(
         1, description="Uniform decode query length, e.g. '1 + num_speculative_tokens'. Constants only."
     )
-    sizes: SizeRange | list[int] = Field(description="Token counts to capture: a range or a list.")
+    sizes: SizeRange | list[StrictInt] = Field(description="Token counts to capture: a range or a list.")
 
 
 class BufferSpec(_Strict):
@@ -229,6 +229,7 @@ _UNION_TAGS = frozenset(
     (
         "SizeRange",
         "list[int]",
+        "list[constrained-int]",
         "int",
         "str",
         "float",
@@ -292,11 +293,16 @@ def _parse(problems: _Problems, path: str, text: IntExpr, allowed: frozenset[str
     return expr
 
 
+#: Most capture sizes a spec may declare (each one is a captured graph).
+MAX_CAPTURE_SIZES = 4096
+
+
 def capture_sizes_of(spec: GraphSpec) -> list[int]:
-    """The capture sizes as listed (a range expanded); unsorted, duplicates kept."""
+    """The capture sizes as listed (a range expanded); unsorted, duplicates kept. Empty for a range that is
+    invalid or longer than :data:`MAX_CAPTURE_SIZES` (the checks report why)."""
     sizes = spec.capture.sizes
     if isinstance(sizes, SizeRange):
-        if sizes.step <= 0:
+        if sizes.step <= 0 or (sizes.stop - sizes.start) // sizes.step >= MAX_CAPTURE_SIZES:
             return []
         return list(range(sizes.start, sizes.stop + 1, sizes.step))
     return list(sizes)
@@ -381,6 +387,11 @@ def check_spec(
                     p.add(f"{base}.{field}", str(exc))
         if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
             p.add(f"{base}.max", f"max {bounds['max']} is below min {bounds['min']}")
+        if buf.pad != "repeat_last":
+            if "min" in bounds and buf.pad < bounds["min"]:
+                p.add(f"{base}.pad", f"pad {buf.pad} is below the buffer's min {bounds['min']}")
+            if "max" in bounds and buf.pad > bounds["max"]:
+                p.add(f"{base}.pad", f"pad {buf.pad} is above the buffer's max {bounds['max']}")
     for name, ws in spec.workspaces.items():
         for i, dim in enumerate(ws.shape):
             expr = _parse(p, f"workspaces.{name}.shape[{i}]", dim, shape_names)
@@ -407,6 +418,11 @@ def _check_sizes(
             p.add("capture.sizes.start", f"must be ≥ 1, got {raw.start}")
         if raw.stop < raw.start:
             p.add("capture.sizes.stop", f"{raw.stop} is below start {raw.start}")
+        elif raw.step > 0 and (raw.stop - raw.start) // raw.step >= MAX_CAPTURE_SIZES:
+            count = (raw.stop - raw.start) // raw.step + 1
+            p.add(
+                "capture.sizes", f"{count} sizes; at most {MAX_CAPTURE_SIZES} (each size is a captured graph)"
+            )
         where = ["capture.sizes"] * len(capture_sizes_of(spec))
     else:
         where = [f"capture.sizes[{i}]" for i in range(len(raw))]
@@ -500,8 +516,12 @@ def load_spec(path_or_name: str | Path, *, overrides: Mapping[str, int] | None =
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"{source}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{source}: not UTF-8 text (byte {exc.start}): a spec is a UTF-8 YAML file") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except RecursionError:
+        raise SpecError(f"{source}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
