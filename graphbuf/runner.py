@@ -4,7 +4,7 @@ The callable reads its inputs from :class:`graphbuf.StaticBuffers` views and rec
 
     def attention(step: Step) -> torch.Tensor:
         bt, lens = step.views["block_table.full"], step.views["seq_lens"]
-        return step.task("decode", kernel, query, bt, lens, out, seq_lens_kv=...)  # host args: see Step.task
+        return step.task("attention", kernel, query, bt, lens, out, seq_lens_kv=...)  # see Step.task
 
 Per :meth:`GraphRunner.run`: pick the smallest capture size that fits the live batch, refresh the buffers,
 check that every captured buffer still lives at its captured address and shape (every replay, not a debug

@@ -1,0 +1,337 @@
+"""The public :class:`Graph`: capture once, replay many times, on cpu (emulator), cuda or npu.
+
+``Graph("cuda")`` wraps ``torch.cuda.CUDAGraph`` (captured through ``torch.cuda.graph``); ``Graph("npu")``
+wraps ``torch.npu.NPUGraph`` (torch_npu is imported lazily); ``Graph("cpu")`` is graphbuf's emulator
+(:mod:`graphbuf.emulator`). On every device the capture runs under guards that raise
+:class:`~graphbuf.errors.CaptureError` for host read-back and data-dependent output shapes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext, suppress
+from typing import Any
+
+import torch
+
+from graphbuf.emulator import Emulator, capture_guards
+from graphbuf.errors import CaptureError, DeviceUnavailableError
+from graphbuf.tasks import (
+    CapturedTask,
+    NpuTaskState,
+    TaskKind,
+    freeze_host_args,
+    npu_arm_events,
+    npu_capture_task,
+    npu_update_task,
+    thaw_host_args,
+)
+
+__all__ = ["DEVICE_TYPES", "Graph"]
+
+DEVICE_TYPES = ("cpu", "cuda", "npu")
+
+
+def _parse_device(device: str | torch.device) -> tuple[str, int | None]:
+    allowed = ", ".join(repr(d) for d in DEVICE_TYPES) + " (optionally with ':<index>')"
+    if isinstance(device, torch.device):
+        kind, index = device.type, device.index
+    elif isinstance(device, str):
+        kind, sep, idx = device.strip().partition(":")
+        index = int(idx) if sep and idx.isdigit() else None
+        if sep and index is None:
+            raise ValueError(
+                f"graph device {device!r}: the index after ':' is not an integer; allowed: {allowed}"
+            )
+    else:
+        raise TypeError(f"graph device must be a str or torch.device, got {type(device).__name__}")
+    if kind not in DEVICE_TYPES:
+        raise ValueError(f"unknown graph device {device!r}; allowed: {allowed}")
+    return kind, index
+
+
+def _import_torch_npu() -> None:
+    try:
+        importlib.import_module("torch_npu")
+    except (ImportError, OSError, RuntimeError) as exc:
+        raise DeviceUnavailableError(
+            f"Graph('npu') needs torch_npu and an Ascend NPU; importing torch_npu failed: {exc!r}"
+        ) from exc
+    npu = getattr(torch, "npu", None)
+    if npu is None or not npu.is_available():
+        raise DeviceUnavailableError(
+            "Graph('npu') needs an Ascend NPU; torch_npu imported but no NPU is visible"
+        )
+
+
+class _CpuPool:
+    """Opaque memory-pool token of the cpu emulator (the emulator keeps its tensors itself)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<graphbuf cpu pool>"
+
+
+class _CpuBackend:
+    def __init__(self) -> None:
+        self.emulator = Emulator()
+        self.pool_token = _CpuPool()
+
+    @property
+    def captured(self) -> bool:
+        return self.emulator.captured
+
+    @contextmanager
+    def capture(self, pool: object, stream: object) -> Iterator[None]:
+        with self.emulator.capture():
+            yield
+
+    def replay(self, tasks: Sequence[CapturedTask]) -> None:
+        self.emulator.replay()
+
+    def pool(self) -> object:
+        return self.pool_token
+
+    def reset(self) -> None:
+        self.emulator.reset()
+
+    def capture_task(
+        self, kind: TaskKind, fn: Callable[..., object], tensor_args: tuple[torch.Tensor, ...], host: dict
+    ) -> object:
+        group = self.emulator.begin_group(kind.value)
+        try:
+            fn(*tensor_args, **thaw_host_args(host))
+        finally:
+            self.emulator.end_group(group)
+        return group
+
+    def update_task(self, task: CapturedTask, host: Mapping[str, object]) -> None:
+        kwargs = thaw_host_args(host)
+        self.emulator.rerecord_group(task.handle, lambda: task.fn(*task.tensor_args, **kwargs))  # type: ignore[arg-type]
+
+
+class _DeviceBackend:
+    """cuda and npu: a torch device graph (CUDAGraph / NPUGraph) captured through ``<module>.graph``."""
+
+    def __init__(self, kind: str, index: int | None) -> None:
+        self.kind = kind
+        self.index = index
+        self.module: Any = torch.cuda if kind == "cuda" else torch.npu  # type: ignore[attr-defined]
+        self.graph: Any = None
+        self.pool_handle: object = None
+        self.update_stream: Any = None
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def _new_graph(self) -> Any:
+        return torch.cuda.CUDAGraph() if self.kind == "cuda" else self.module.NPUGraph()
+
+    @contextmanager
+    def capture(self, pool: object, stream: object) -> Iterator[None]:
+        if pool is None:
+            pool = self.pool_handle
+        graph = self._new_graph()
+        with self.module.device(self.index) if self.index is not None else nullcontext():
+            ctx = self.module.graph(graph, pool=pool, stream=stream)
+            ctx.__enter__()
+            try:
+                with capture_guards(strict_cpu=False):
+                    yield
+            except BaseException as exc:
+                # Ending a broken capture may fail too; the user's error is the one to see.
+                with suppress(Exception):
+                    ctx.__exit__(type(exc), exc, exc.__traceback__)
+                with suppress(Exception):
+                    graph.reset()
+                raise
+            ctx.__exit__(None, None, None)
+        self.graph = graph
+
+    def replay(self, tasks: Sequence[CapturedTask]) -> None:
+        if self.kind == "npu":
+            states = [t.handle for t in tasks if isinstance(t.handle, NpuTaskState)]
+            if states:
+                npu_arm_events(states, self._update_stream())
+        self.graph.replay()
+
+    def pool(self) -> object:
+        if self.graph is not None:
+            return self.graph.pool()
+        if self.pool_handle is None:
+            self.pool_handle = self.module.graph_pool_handle()
+        return self.pool_handle
+
+    def reset(self) -> None:
+        if self.graph is not None:
+            self.graph.reset()
+            self.graph = None
+
+    def _update_stream(self) -> Any:
+        if self.update_stream is None:
+            self.update_stream = self.module.Stream()
+        return self.update_stream
+
+    def capture_task(
+        self, kind: TaskKind, fn: Callable[..., object], tensor_args: tuple[torch.Tensor, ...], host: dict
+    ) -> object:
+        if self.kind == "npu":
+            return npu_capture_task(fn, tensor_args, thaw_host_args(host))
+        fn(*tensor_args, **thaw_host_args(host))
+        return None
+
+    def update_task(self, task: CapturedTask, host: Mapping[str, object]) -> None:
+        if self.kind == "cuda":
+            raise CaptureError(
+                f"task {task.kind.value!r}: a CUDA graph cannot re-issue one captured task with new host "
+                "arguments; its host values stay baked in. Pass values that change per replay as device "
+                "tensors (refreshed in place before replay) or capture one graph per value."
+            )
+        npu_update_task(task.handle, task.fn, task.tensor_args, thaw_host_args(host), self._update_stream())  # type: ignore[arg-type]
+
+
+class Graph:
+    """A device graph: ``with g.capture(): ...`` records once, ``g.replay()`` re-runs the recording.
+
+    Mirrors ``torch.cuda.CUDAGraph`` + ``torch.cuda.graph``. Invariants: ``captured`` is true only after a
+    capture completed and until :meth:`reset`; a capture that raises leaves the graph un-captured and
+    re-capturable, with no guard mode left installed, and the exception propagates. During capture, host
+    read-back and data-dependent shapes raise :class:`CaptureError`.
+    """
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        kind, index = _parse_device(device)
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise DeviceUnavailableError(
+                "Graph('cuda') needs a CUDA device; torch.cuda.is_available() is False"
+            )
+        if kind == "npu":
+            _import_torch_npu()
+        self._kind = kind
+        self._index = index
+        self._backend: _CpuBackend | _DeviceBackend = (
+            _CpuBackend() if kind == "cpu" else _DeviceBackend(kind, index)
+        )
+        self._tasks: list[CapturedTask] = []
+        self._capturing = False
+
+    @property
+    def device(self) -> torch.device:
+        """The device this graph records for."""
+        return torch.device(self._kind, self._index) if self._index is not None else torch.device(self._kind)
+
+    @property
+    def captured(self) -> bool:
+        """True once a capture has completed, until :meth:`reset`."""
+        return self._backend.captured
+
+    @property
+    def capturing(self) -> bool:
+        """True inside :meth:`capture`."""
+        return self._capturing
+
+    @property
+    def emulator(self) -> Emulator | None:
+        """The cpu emulator behind a ``Graph("cpu")``; None on cuda and npu."""
+        return self._backend.emulator if isinstance(self._backend, _CpuBackend) else None
+
+    @property
+    def tasks(self) -> tuple[CapturedTask, ...]:
+        """The tasks captured by :meth:`task` in the current capture, in capture order."""
+        return tuple(self._tasks)
+
+    @contextmanager
+    def capture(self, *, pool: object = None, stream: object = None) -> Iterator[Graph]:
+        """Record the body. ``pool``: a handle from another graph's :meth:`pool` to share its memory pool;
+        ``stream``: the capture stream (cuda/npu; both ignored on cpu). Raises :class:`CaptureError` if
+        already captured (call :meth:`reset` first) or already capturing."""
+        if self._capturing:
+            raise CaptureError("capture() is already active on this graph")
+        if self.captured:
+            raise CaptureError("this graph already holds a capture; call reset() before capturing again")
+        self._invalidate_tasks()
+        self._capturing = True
+        try:
+            with self._backend.capture(pool, stream):
+                yield self
+        except BaseException:
+            self._invalidate_tasks()
+            raise
+        finally:
+            self._capturing = False
+
+    def replay(self) -> None:
+        """Run the captured work once."""
+        if self._capturing:
+            raise CaptureError("replay() inside this graph's own capture()")
+        if not self.captured:
+            raise CaptureError("replay() before a completed capture()")
+        self._backend.replay(self._tasks)
+
+    def pool(self) -> object:
+        """A memory-pool handle to pass as ``capture(pool=...)`` of another graph.
+
+        cuda/npu: ``graph.pool()`` once captured; before capture, a fresh ``graph_pool_handle()`` that this
+        graph then captures into too. cpu: an opaque token."""
+        return self._backend.pool()
+
+    def reset(self) -> None:
+        """Drop the recording and its tasks; the graph can capture again."""
+        if self._capturing:
+            raise CaptureError("reset() inside capture(); leave the capture block first")
+        self._invalidate_tasks()
+        self._backend.reset()
+
+    def task(
+        self, kind: TaskKind | str, fn: Callable[..., object], *tensor_args: torch.Tensor, **host_args: object
+    ) -> CapturedTask:
+        """Inside :meth:`capture`: run ``fn(*tensor_args, **host_args)`` as one re-issuable task.
+
+        ``fn`` must write its results into preallocated tensors among ``tensor_args`` (like NPU ``out=``);
+        ``host_args`` are host values (ints, floats, lists of them) baked in until
+        :meth:`CapturedTask.update`. Raises :class:`CaptureError` outside capture, ValueError for an unknown
+        kind, TypeError for a non-tensor ``tensor_args`` entry or a tensor among ``host_args``.
+        """
+        task_kind = TaskKind.parse(kind)
+        if not self._capturing:
+            raise CaptureError(f"Graph.task({task_kind.value!r}, ...) is only valid inside capture()")
+        for i, t in enumerate(tensor_args):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(
+                    f"task {task_kind.value!r}: tensor_args[{i}] is {type(t).__name__}, not a tensor; "
+                    "pass host values as keyword arguments"
+                )
+        frozen = freeze_host_args(host_args)
+        handle = self._backend.capture_task(task_kind, fn, tensor_args, frozen)
+        task = CapturedTask(task_kind, fn, tensor_args, frozen, handle, self._reissue)
+        self._tasks.append(task)
+        return task
+
+    def update_tasks(self, kind: TaskKind | str, **host_args: object) -> int:
+        """``update(**host_args)`` on every captured task of ``kind`` (e.g. all attention layers); returns how
+        many were updated."""
+        task_kind = TaskKind.parse(kind)
+        matching = [t for t in self._tasks if t.kind is task_kind]
+        for t in matching:
+            t.update(**host_args)
+        return len(matching)
+
+    def _reissue(self, task: CapturedTask, host: Mapping[str, object]) -> None:
+        if not any(t is task for t in self._tasks):
+            raise CaptureError(
+                f"task {task.kind.value!r} belongs to a capture this graph no longer holds "
+                "(reset or re-captured)"
+            )
+        if self._capturing:
+            raise CaptureError("a task can be updated only after capture() has ended")
+        self._backend.update_task(task, host)
+
+    def _invalidate_tasks(self) -> None:
+        self._tasks = []
+
+    def __repr__(self) -> str:
+        state = "capturing" if self._capturing else ("captured" if self.captured else "empty")
+        return f"Graph(device={str(self.device)!r}, {state}, tasks={len(self._tasks)})"
