@@ -202,3 +202,23 @@ def test_drill_reports_a_mismatch_as_failure() -> None:
     finally:
         drill._build_tasks = original
     assert not report.ok and "FAIL" in report.render()
+
+
+def test_widening_the_envelope_is_an_edit_of_capture_sizes(
+    tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shipped = graphbuf.spec.resolve_spec_path("gemma4-31b-it-mtp").read_text()
+    assert "sizes: {start: 4, stop: 48, step: 4}" in shipped
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(shipped.replace("stop: 48", "stop: 64"))
+    assert main(["check", str(wide)]) == 0
+    p = graphbuf.plan(str(wide))
+    assert p.capture_sizes == tuple(range(4, 65, 4))
+    assert p["block_table.full"].shape == (16, 43)
+    assert p.to_dict()["sizes"]["64"]["workspace_bytes"]["verify_kv_dense"] == 2 * 16 * 2 * 43 * 128 * 512 * 2
+    capsys.readouterr()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(shipped.replace("stop: 48", "stop: 68"))
+    assert main(["check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: capture.sizes: size 68 implies 17 requests, above max_num_seqs (16)" in err

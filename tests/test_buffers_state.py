@@ -1,5 +1,6 @@
 """StaticBuffers: one slab, address-stable views, poison; and a Hypothesis state machine driving refresh
-with valid and invalid inputs against a model of what every view must hold."""
+with valid and invalid inputs against a model of what every view must hold, and replaying graphs captured
+over the buffers against eager execution."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import graphbuf
 import graphbuf.buffers
 from graphbuf import GraphSpec, PlanTooLargeError, RefreshError, RowsError, StaticBuffers, WidthError
 from graphbuf.buffers import poison_value
+from graphbuf.graph import Graph
 from graphbuf.planner import BufferPlan, Plan
 
 Mapping = dict[str, Any]
@@ -186,9 +188,18 @@ _SAFE_DTYPES: dict[str, tuple[Any, ...]] = {
 }
 
 
+def _read_all(views: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """A graph-safe function of every buffer (gather by block ids, reductions, arithmetic)."""
+    weights = torch.arange(32, dtype=torch.int64) * 3 + 1
+    a = weights[views["block_table.a"].long().clamp(0, 31)].sum(1) + views["seq_lens"]
+    b = views["block_table.b"].float().mean(1) * views["seq_lens"].float()
+    return a, b, views["query_start_loc"].cumsum(0), views["slot_mapping"] * 2, views["scratch"] * 1.5
+
+
 class BuffersMachine(RuleBasedStateMachine):
     """Refresh a small StaticBuffers at random sizes, live counts, widths and containers; break the input in
-    one of several ways; check addresses, contents and the all-or-nothing rule after every step."""
+    one of several ways; replay graphs captured once per size over the buffers; check addresses, contents,
+    the all-or-nothing rule, and that every replay equals eager execution on the same buffers."""
 
     spec: ClassVar[GraphSpec]
     snapshot: ClassVar[Callable[[StaticBuffers], bytes]]
@@ -203,6 +214,12 @@ class BuffersMachine(RuleBasedStateMachine):
         self.model_size: int | None = None
         self.expected: dict[str, np.ndarray] = {}
         self.keep_expected = np.full(3, np.nan, dtype=np.float32)
+        self.graphs: dict[int, tuple[Graph, tuple[torch.Tensor, ...]]] = {}
+        for s in self.sb.capture_sizes:
+            graph = Graph("cpu")
+            with graph.capture():
+                out = _read_all(self.sb.view(s))
+            self.graphs[s] = (graph, out)
 
     # -- generating sources ---------------------------------------------------------------------------------
 
@@ -332,6 +349,18 @@ class BuffersMachine(RuleBasedStateMachine):
         assert self.snapshot(self.sb) == before
         self.tally[fault] = self.tally.get(fault, 0) + 1
 
+    @rule(data=st.data())
+    def replay_equals_eager(self, data: st.DataObject) -> None:
+        size = data.draw(st.sampled_from(self.sb.capture_sizes), label="replay size")
+        graph, static = self.graphs[size]
+        ptrs = [t.data_ptr() for t in static]
+        graph.replay()
+        want = _read_all(self.sb.view(size))
+        for got, exp in zip(static, want, strict=True):
+            torch.testing.assert_close(got, exp, rtol=0, atol=0, equal_nan=True)
+        assert [t.data_ptr() for t in static] == ptrs  # outputs are rewritten in place
+        self.tally["replay"] = self.tally.get("replay", 0) + 1
+
     # -- invariants -----------------------------------------------------------------------------------------
 
     @invariant()
@@ -365,5 +394,6 @@ def test_static_buffers_state_machine(
     )
     faults = ("too_wide", "too_many_rows", "out_of_bounds", "wrong_dtype", "missing", "disagree")
     assert Machine.tally["valid"] >= 200, Machine.tally
+    assert Machine.tally["replay"] >= 100, Machine.tally
     assert Machine.tally["empty"] >= 10, Machine.tally
     assert all(Machine.tally.get(f, 0) >= 20 for f in faults), Machine.tally
