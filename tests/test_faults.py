@@ -20,11 +20,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from paged_spec import PAGED_SPEC as SPEC
+from paged_spec import SIZES, WIDTH
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
@@ -32,24 +33,6 @@ import graphbuf
 from graphbuf import AddressChangedError, CaptureError, Graph, GraphRunner, StaticBuffers, Step
 from graphbuf.runner import EAGER_CAPTURE_FAILED, EAGER_TOO_LARGE
 
-SIZES = (2, 4, 8)
-WIDTH = 8  # cdiv(max_model_len, block_size): the block table at size 8 is square (8 x 8)
-SPEC: dict[str, Any] = {
-    "version": 1,
-    "name": "faults",
-    "constants": {"max_num_seqs": 8, "block_size": 4, "max_model_len": 32, "num_blocks": 16},
-    "capture": {"tokens_per_request": 1, "sizes": list(SIZES)},
-    "buffers": {
-        "block_table": {
-            "dtype": "int32",
-            "rows": "requests",
-            "cols": "cdiv(max_model_len, block_size)",
-            "min": 0,
-            "max": "num_blocks - 1",
-        },
-        "seq_lens": {"dtype": "int32", "rows": "requests", "min": 0, "max": "max_model_len"},
-    },
-}
 _WEIGHTS = np.arange(1, WIDTH + 1, dtype=np.float64)
 
 

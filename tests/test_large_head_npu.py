@@ -8,11 +8,10 @@ runs the paged ``npu_fused_infer_attention_score`` (BNSD) whose host KV lengths 
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
-import torch.nn.functional as F
+from attention_cases import BLOCK, BLOCKS, HEAD_DIM, Q_HEADS, TOL, WIDTH, make_case, sdpa_reference
 
 from graphbuf.adapters.vllm_ascend import kernels
 from graphbuf.adapters.vllm_ascend import large_head as lh
@@ -22,47 +21,9 @@ pytestmark = [
     pytest.mark.skipif(not kernels.npu_available(), reason="needs torch_npu and an NPU"),
 ]
 
-TOL = {"rtol": 0.015, "atol": 0.015}
-Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK, WIDTH, BLOCKS = 16, 2, 512, 128, 4, 40
-
 
 def _case(seq_lens, q_len, dtype, seed, device="npu"):
-    gen = torch.Generator().manual_seed(seed)
-    rng = random.Random(seed)
-    kc = torch.randn(BLOCKS, BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
-    vc = torch.randn(BLOCKS, BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
-    query = torch.randn(len(seq_lens) * q_len, Q_HEADS, HEAD_DIM, generator=gen).to(dtype)
-    ids = rng.sample(range(BLOCKS), BLOCKS)
-    table = torch.empty(len(seq_lens), WIDTH, dtype=torch.int32)
-    for r, n in enumerate(seq_lens):
-        needed = -(-n // BLOCK)
-        row = [ids.pop() for _ in range(needed)] + [rng.choice([-1, BLOCKS + 3, 2**31 - 1])] * (
-            WIDTH - needed
-        )
-        table[r] = torch.tensor(row, dtype=torch.int32)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    return [t.to(device) for t in (query, kc, vc, table, lens)]
-
-
-def _sdpa_reference(query, key_cache, value_cache, block_table, seq_lens, q_len, scale):
-    """CPU FP32 SDPA over each query's visible prefix (keys 0 .. seq_len - q_len + i); no prefix -> zeros."""
-    q, k, v = (t.detach().float().cpu() for t in (query, key_cache, value_cache))
-    table, lens = block_table.cpu().tolist(), seq_lens.cpu().tolist()
-    out = torch.zeros_like(q)
-    for r in range(len(lens)):
-        for i in range(q_len):
-            n = lens[r] - q_len + i + 1
-            if n <= 0:
-                continue
-            blocks = torch.tensor([table[r][p // BLOCK] for p in range(n)])
-            slots = torch.arange(n) % BLOCK
-            keys = k[blocks, slots].permute(1, 0, 2).unsqueeze(0)
-            values = v[blocks, slots].permute(1, 0, 2).unsqueeze(0)
-            row = q[r * q_len + i].unsqueeze(0).unsqueeze(2)
-            out[r * q_len + i] = F.scaled_dot_product_attention(
-                row, keys, values, scale=scale, enable_gqa=True
-            )[0, :, 0]
-    return out
+    return make_case(seq_lens, q_len, dtype, seed, device)
 
 
 def _capture(fn):
@@ -100,7 +61,7 @@ def test_npu_graph_replay_after_in_place_changes(path, dtype):
         graph.replay()
         torch.npu.synchronize()
         assert [t.data_ptr() for t in static] + [out.data_ptr()] == addresses
-        torch.testing.assert_close(out.float().cpu(), _sdpa_reference(*static, q_len, scale), **TOL)
+        torch.testing.assert_close(out.float().cpu(), sdpa_reference(*static, q_len, scale), **TOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -143,7 +104,7 @@ def test_npu_paged_decode_task_update_with_host_lengths(dtype):
             event.record(update_stream)
         graph.replay()
         torch.npu.synchronize()
-        expected = _sdpa_reference(query, kc, vc, table, lens, 1, scale)
+        expected = sdpa_reference(query, kc, vc, table, lens, 1, scale)
         torch.testing.assert_close(out.squeeze(2).float().cpu(), expected, **TOL)
 
 
@@ -152,9 +113,7 @@ def test_npu_decode_entry_with_host_lengths_matches_reference(dtype):
     scale = 1.0 / math.sqrt(HEAD_DIM)
     query, kc, vc, table, lens = _case([300, 5, 0, 512], 1, dtype, seed=7)
     out = lh.decode_attention(query, kc, vc, table, lens, scale, seq_lens_host=[300, 5, 0, 512])
-    torch.testing.assert_close(
-        out.float().cpu(), _sdpa_reference(query, kc, vc, table, lens, 1, scale), **TOL
-    )
+    torch.testing.assert_close(out.float().cpu(), sdpa_reference(query, kc, vc, table, lens, 1, scale), **TOL)
 
 
 def test_npu_fusion_attention_bnsd_mask_from_device_lengths_matches_software_kernel():
@@ -212,5 +171,5 @@ def test_npu_paged_decode_through_graphbuf_task(dtype):
         task.update(seq_lens_host=new_lens, scale=scale)
         graph.replay()
         torch.npu.synchronize()
-        expected = _sdpa_reference(query, kc, vc, table, lens, 1, scale)
+        expected = sdpa_reference(query, kc, vc, table, lens, 1, scale)
         torch.testing.assert_close(out.squeeze(2).float().cpu(), expected, **TOL)

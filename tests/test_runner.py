@@ -5,26 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_spec import PAGED_SPEC as SPEC
 
 import graphbuf
 from graphbuf.runner import EAGER_CAPTURE_FAILED, EAGER_REFUSED, EAGER_TOO_LARGE, GraphRunner, Step
-
-SPEC = {
-    "version": 1,
-    "name": "runner-test",
-    "constants": {"max_num_seqs": 8, "block_size": 4, "max_model_len": 32, "num_blocks": 16},
-    "capture": {"tokens_per_request": 1, "sizes": [2, 4, 8]},
-    "buffers": {
-        "block_table": {
-            "dtype": "int32",
-            "rows": "requests",
-            "cols": "cdiv(max_model_len, block_size)",
-            "min": 0,
-            "max": "num_blocks - 1",
-        },
-        "seq_lens": {"dtype": "int32", "rows": "requests", "min": 0, "max": "max_model_len"},
-    },
-}
 
 
 def make_buffers() -> graphbuf.StaticBuffers:

@@ -21,6 +21,7 @@ import pydantic
 import pytest
 import torch
 import yaml
+from paged_spec import PAGED_SPEC as SPEC
 
 import graphbuf
 from graphbuf import Graph, GraphRunner, GraphSpec, Plan, StaticBuffers, Step
@@ -28,22 +29,7 @@ from graphbuf.cli import main as cli_main
 
 THREADS = 8
 SHIPPED = "gemma4-31b-it-mtp"
-SPEC: dict[str, Any] = {
-    "version": 1,
-    "name": "threads",
-    "constants": {"max_num_seqs": 8, "block_size": 4, "max_model_len": 32, "num_blocks": 16},
-    "capture": {"tokens_per_request": 1, "sizes": [2, 4, 8]},
-    "buffers": {
-        "block_table": {
-            "dtype": "int32",
-            "rows": "requests",
-            "cols": "cdiv(max_model_len, block_size)",
-            "min": 0,
-            "max": "num_blocks - 1",
-        },
-        "seq_lens": {"dtype": "int32", "rows": "requests", "min": 0, "max": "max_model_len"},
-    },
-}
+
 WEIGHTS = np.arange(1, 9, dtype=np.float64)
 T = TypeVar("T")
 
