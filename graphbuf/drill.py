@@ -30,7 +30,11 @@ from graphbuf.planner import Plan, plan
 from graphbuf.runner import GraphRunner, Step
 from graphbuf.spec import GraphSpec, TaskSpec, load_spec
 
-__all__ = ["DrillReport", "DrillTask", "PagedDecodeAttention", "make_batch", "run_drill"]
+__all__ = ["OVERSIZE", "DrillReport", "DrillTask", "PagedDecodeAttention", "make_batch", "run_drill"]
+
+#: The drill's largest batch is at most this many times the largest capture size (those run eagerly); drill
+#: tasks size their static inputs for it.
+OVERSIZE = 2
 
 
 class DrillTask(Protocol):
@@ -82,9 +86,8 @@ class PagedDecodeAttention:
         dev = buffers.device
         self.key_cache = torch.empty(shape, dtype=self.dtype, device=dev)
         self.value_cache = torch.empty(shape, dtype=self.dtype, device=dev)
-        self.query = torch.empty(
-            (p.capture_sizes[-1], self.num_heads, self.head_dim), dtype=self.dtype, device=dev
-        )
+        rows = OVERSIZE * p.capture_sizes[-1]  # room for the eager batches above the largest capture size
+        self.query = torch.empty((rows, self.num_heads, self.head_dim), dtype=self.dtype, device=dev)
         self.randomize(p.capture_sizes[-1] // self.q_len, generator, kv=True)
 
     def randomize(self, live_requests: int, generator: torch.Generator, kv: bool = False) -> None:
@@ -333,7 +336,7 @@ def run_drill(
             lo = p.capture_sizes[i - 1] // p.tokens_per_request + 1 if i else 1
             live = int(rng.integers(lo, p.capture_sizes[i] // p.tokens_per_request + 1))
         elif rng.random() < 0.125:
-            live = int(rng.integers(max_req + 1, max_req + max(2, max_req // 4) + 1))
+            live = int(rng.integers(max_req + 1, min(OVERSIZE * max_req, max_req + max(2, max_req // 4)) + 1))
         else:
             live = int(rng.integers(1, max_req + 1))
         for task in tasks:

@@ -146,3 +146,25 @@ def test_host_task_arguments_are_reissued_only_when_they_change() -> None:
     assert runner.stats.task_updates == 1  # unchanged host args: no re-issue
     out = runner.run(batch(2, 8))  # no host args given: the last issued values stay baked in
     torch.testing.assert_close(out, batch(2, 8)["seq_lens"].float() + torch.tensor([10.0, 20.0]))
+
+
+def test_verification_is_not_fooled_by_outputs_shared_with_eager() -> None:
+    """Tasks write preallocated outputs (NPU out=), so eager and graph share them; a stale graph must still
+    be caught."""
+    out_buf = torch.zeros(8)
+    state = {"scale": torch.tensor(2.0)}
+
+    def scaled(lens: torch.Tensor, out: torch.Tensor, *, unused: int) -> None:
+        out.copy_(lens.float() * state["scale"])
+
+    def fn(step: Step) -> torch.Tensor:
+        r = step.views["seq_lens"].shape[0]
+        step.task("custom", scaled, step.views["seq_lens"], out_buf[:r], unused=0)
+        return out_buf[:r]
+
+    runner = GraphRunner(make_buffers(), fn, output_rows="requests", verify=True)
+    runner.capture()
+    state["scale"] = torch.tensor(5.0)  # rebound after capture
+    src = batch(3)
+    torch.testing.assert_close(runner.run(src), src["seq_lens"].float() * 5)
+    assert 4 in runner.stats.refused

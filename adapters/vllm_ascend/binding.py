@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from graphbuf.buffers import StaticBuffers
+from graphbuf.drill import OVERSIZE
 from graphbuf.runner import Step
 from graphbuf.tasks import TaskKind
 
@@ -210,9 +211,8 @@ class Gemma4AttentionTask:
         cache = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
         self.key_caches = [torch.empty(cache, dtype=self.dtype, device=dev) for _ in range(self.layers)]
         self.value_caches = [torch.empty(cache, dtype=self.dtype, device=dev) for _ in range(self.layers)]
-        max_rows = (
-            p.capture_sizes[-1] if self.mode == "verify" else p.capture_sizes[-1] // p.tokens_per_request
-        )
+        tokens = p.capture_sizes[-1]
+        max_rows = OVERSIZE * (tokens if self.mode == "verify" else tokens // p.tokens_per_request)
         self.query = torch.empty((max_rows, self.num_heads, self.head_dim), dtype=self.dtype, device=dev)
         self.outs = [torch.zeros_like(self.query) for _ in range(self.layers)]
         for t in (*self.key_caches, *self.value_caches, self.query):
