@@ -1,9 +1,12 @@
 """Tests of graphbuf's vLLM general plugin and its patch of vllm-ascend's attention classes.
 
 The real vllm-ascend cannot be imported here: ``vllm_ascend.attention.attention_v1`` imports torch_npu at
-module level and needs an Ascend NPU. The patch tests therefore put ``tests/fake_vllm_ascend`` (same
-package, class and method names and signatures as vllm-ascend 0.23 - 0.26) first on ``sys.path``, and
-replace graphbuf's ``large_head`` kernels with recording stubs.
+module level and needs an Ascend NPU. The patch tests therefore put ``tests/fake_vllm_ascend`` first on
+``sys.path``: it mirrors vllm-ascend's package, class and method names and signatures (0.23 - 0.26) exactly,
+because the patch finds its targets by those names. Routing tests replace graphbuf's ``large_head`` kernels
+with recording stubs; the numeric tests run the real kernels (CPU software path) against a naive
+reference, and one captures the routed forward in graphbuf's CPU graph emulator and replays it after
+rebuilding the metadata.
 
 The discovery tests run ``vllm.plugins.load_general_plugins()`` in subprocesses, because vLLM loads general
 plugins once per process; they need vllm importable and graphbuf pip-installed (its entry point).
@@ -31,12 +34,16 @@ import torch
 
 import graphbuf.adapters.vllm_ascend.patch as patch
 import graphbuf.adapters.vllm_ascend.plugin as plugin
-from graphbuf.errors import CaptureError, GraphbufError
+import graphbuf.adapters.vllm_ascend.resolve as resolve
+from graphbuf.errors import CaptureError, GraphbufError, SpecError, WidthError
+from graphbuf.graph import Graph
 
 FAKE_ROOT = Path(__file__).resolve().parent / "fake_vllm_ascend"
 ADAPTER_DIR = Path(plugin.__file__).resolve().parent
 LARGE_HEAD_MODULE = f"{plugin.__package__}.large_head"
 NUM_HEADS, NUM_KV_HEADS, BLOCK_SIZE, NUM_BLOCKS, WIDTH = 2, 1, 4, 6, 3
+MAX_MODEL_LEN = WIDTH * BLOCK_SIZE  # so graphbuf's block table is WIDTH columns wide, like the runner's
+MAX_NUM_SEQS = 16
 
 
 class CUDAGraphMode(enum.Enum):
@@ -60,7 +67,10 @@ def _purge_fake_modules() -> None:
 
 @pytest.fixture
 def fake_tree(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Fake vllm_ascend importable, nothing patched before or after, no vLLM forward context."""
+    """The fake vllm_ascend importable, nothing patched before or after, no vLLM forward context.
+
+    The fake mirrors vllm-ascend's module, class and method names because the real package cannot be
+    imported without torch_npu (and an NPU)."""
     patch.unpatch()
     _purge_fake_modules()
     monkeypatch.syspath_prepend(str(FAKE_ROOT))
@@ -87,11 +97,11 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     module = types.ModuleType(LARGE_HEAD_MODULE)
 
     def decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale):  # type: ignore[no-untyped-def]
-        calls.append(("decode", dict(block_table=block_table, seq_lens=seq_lens, scale=scale, query=query)))
+        calls.append(("decode", _seen(block_table, seq_lens, scale=scale, query=query)))
         return torch.ones_like(query)
 
     def verify_attention(query, key_cache, value_cache, block_table, seq_lens, q_len, scale):  # type: ignore[no-untyped-def]
-        calls.append(("verify", dict(block_table=block_table, seq_lens=seq_lens, q_len=q_len, scale=scale)))
+        calls.append(("verify", _seen(block_table, seq_lens, q_len=q_len, scale=scale)))
         return torch.ones_like(query)
 
     module.decode_attention = decode_attention  # type: ignore[attr-defined]
@@ -101,6 +111,17 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def _seen(block_table: torch.Tensor, seq_lens: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
+    """What a kernel was handed: the tensors and their values at call time (a later build rewrites them)."""
+    return dict(
+        block_table=block_table,
+        seq_lens=seq_lens,
+        table_values=block_table.tolist(),
+        lens_values=seq_lens.tolist(),
+        **kwargs,
+    )
 
 
 def set_capturing(flag: bool) -> None:
@@ -114,36 +135,50 @@ def make_builder(
     mode: CUDAGraphMode = CUDAGraphMode.FULL_DECODE_ONLY,
     spec_tokens: int = 0,
     cls: Any = None,
+    capture_sizes: Any = "default",
+    max_num_seqs: int = MAX_NUM_SEQS,
 ) -> Any:
+    """A builder with the vLLM config fields graphbuf reads. Default capture sizes: 1, 2, 4, 8 and 16
+    requests of ``1 + spec_tokens`` tokens (vLLM rounds FULL_DECODE_ONLY sizes to that multiple)."""
+    if capture_sizes == "default":
+        capture_sizes = [(1 + spec_tokens) * r for r in (1, 2, 4, 8, 16)]
     config = SimpleNamespace(
-        compilation_config=SimpleNamespace(cudagraph_mode=mode),
+        compilation_config=SimpleNamespace(cudagraph_mode=mode, cudagraph_capture_sizes=capture_sizes),
         speculative_config=SimpleNamespace(num_speculative_tokens=spec_tokens) if spec_tokens else None,
         quant_config=None,
+        model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=2048),
+        parallel_config=SimpleNamespace(tensor_parallel_size=2),
     )
-    spec = SimpleNamespace(head_size=head_size, num_kv_heads=NUM_KV_HEADS, sliding_window=None)
+    spec = SimpleNamespace(
+        head_size=head_size, num_kv_heads=NUM_KV_HEADS, sliding_window=None, block_size=BLOCK_SIZE
+    )
     return (cls or av1.AscendAttentionMetadataBuilder)(spec, ["model.layers.5.self_attn.attn"], config, "cpu")
 
 
 class Runner:
     """Persistent device-side buffers like vLLM's model runner: each batch gets row-prefix views."""
 
-    def __init__(self, max_reqs: int = 16) -> None:
+    def __init__(self, max_reqs: int = 16, width: int = WIDTH) -> None:
         self.seq_lens = torch.zeros(max_reqs, dtype=torch.int32)
-        self.block_table = torch.zeros(max_reqs, WIDTH, dtype=torch.int32)
+        self.block_table = torch.zeros(max_reqs, width, dtype=torch.int32)
 
     def common(self, av1: Any, q_lens: list[int], state: str, padded_reqs: int | None = None) -> Any:
+        """Common metadata of a batch with ``len(q_lens)`` live requests (``num_reqs``); the tensors are
+        views of ``padded_reqs`` rows, and rows past the live ones hold whatever the runner left there."""
         reqs = padded_reqs or len(q_lens)
+        width = self.block_table.shape[1]
         starts = [0]
         for q in q_lens:
             starts.append(starts[-1] + q)
         starts += [starts[-1]] * (reqs - len(q_lens))
         self.seq_lens[:reqs] = torch.arange(reqs, dtype=torch.int32) + 5
-        self.block_table[:reqs] = torch.arange(reqs * WIDTH, dtype=torch.int32).reshape(reqs, WIDTH)
+        self.block_table[:reqs] = torch.arange(reqs * width, dtype=torch.int32).reshape(reqs, width)
         return SimpleNamespace(
             query_start_loc_cpu=torch.tensor(starts, dtype=torch.int32),
             seq_lens=self.seq_lens[:reqs],
             block_table_tensor=self.block_table[:reqs],
-            num_reqs=reqs,
+            num_reqs=len(q_lens),
             num_actual_tokens=sum(q_lens),
             max_query_len=max(q_lens),
             causal=True,
@@ -240,11 +275,16 @@ def test_head512_decode_under_full_decode_only_goes_to_graphbuf_decode(av1: Any,
     [(kind, args)] = kernels.calls
     assert kind == "decode"
     assert args["scale"] == 0.125
-    # The runner's persistent buffers (stable addresses), not the builder's padded copy, cut to the batch.
-    assert args["block_table"].data_ptr() == runner.block_table.data_ptr()
+    # graphbuf's captured buffers at capture size 4 (the padded batch), not the runner's tensors.
+    views = resolve.group_buffers(builder).buffers.view(4)
+    assert args["block_table"].data_ptr() == views["block_table.full"].data_ptr()
+    assert args["seq_lens"].data_ptr() == views["seq_lens"].data_ptr()
+    assert args["block_table"].data_ptr() != runner.block_table.data_ptr()
     assert args["block_table"].shape == (4, WIDTH)
-    assert args["seq_lens"].data_ptr() == runner.seq_lens.data_ptr()
-    assert args["seq_lens"].tolist() == [5, 6, 7, 8]
+    assert (route.size, route.num_reqs) == (4, 3)
+    # Three live requests; the padded fourth row is cleared, whatever the runner holds there.
+    assert args["lens_values"] == [5, 6, 7, 0]
+    assert args["table_values"] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 0, 0]]
 
 
 @pytest.mark.parametrize("state", ["SpecDecoding", "ChunkedPrefill"])
@@ -260,7 +300,9 @@ def test_head512_mtp_verify_goes_to_graphbuf_verify(av1: Any, kernels: Any, stat
     [(kind, args)] = kernels.calls
     assert (kind, args["q_len"]) == ("verify", 3)
     assert args["block_table"].shape == (2, WIDTH)
-    assert args["seq_lens"].tolist() == [5, 6]
+    assert args["lens_values"] == [5, 6]
+    views = resolve.group_buffers(builder).buffers.view(6)
+    assert args["seq_lens"].data_ptr() == views["seq_lens"].data_ptr()
     assert torch.equal(output, torch.ones_like(output))
 
 
@@ -341,7 +383,7 @@ def test_routed_layer_that_graphbuf_cannot_run_raises(av1: Any, kernels: Any) ->
     set_capturing(True)
     with pytest.raises(CaptureError, match="sliding_window is set"):
         run_layer(av1, make_impl(av1, sliding_window=1024), metadata, num_tokens=2)
-    with pytest.raises(CaptureError, match="block_table has 2 rows, the batch needs 3"):
+    with pytest.raises(CaptureError, match="block_table at capture size 2 has 2 rows, the batch needs 3"):
         run_layer(av1, make_impl(av1), metadata, num_tokens=3)
     assert kernels.calls == []
     assert original_calls(av1, "forward_impl") == []
@@ -400,6 +442,169 @@ def test_routed_call_through_real_large_head_matches_reference(
     assert original_calls(av1, "forward_impl") == []
     expected = reference_attention(query, caches, runner.block_table[:2], [7, 10], q_lens[0], 0.125)
     torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- graphbuf's own buffers
+
+
+def routed_batch(
+    av1: Any, builder: Any, runner: Runner, tables: list[list[int]], lens: list[int], q_len: int, state: str
+) -> Any:
+    """Build a batch of ``len(lens)`` live requests padded to 4 rows; the runner's rows past the live ones
+    hold stale values of earlier requests (nonzero), as a runner's persistent tensors do."""
+    live = len(lens)
+    common = runner.common(av1, [q_len] * live, state, padded_reqs=4)
+    runner.block_table[:live] = torch.tensor(tables, dtype=torch.int32)
+    runner.seq_lens[:live] = torch.tensor(lens, dtype=torch.int32)
+    runner.block_table[live:] = 5
+    runner.seq_lens[live:] = MAX_MODEL_LEN
+    return builder.build(0, common)
+
+
+@pytest.mark.parametrize(("q_len", "state"), [(1, "DecodeOnly"), (3, "SpecDecoding")])
+def test_captured_forward_replays_refreshed_graphbuf_buffers(av1: Any, q_len: int, state: str) -> None:
+    """Capture the routed forward in graphbuf's CPU graph emulator, then, as vLLM does on each replay,
+    build the metadata again with new runner data and replay: the graph reads the new values because the
+    Route's views keep their addresses; live rows match the naive reference, padded rows are zeros."""
+    torch.manual_seed(1)
+    builder = make_builder(av1, spec_tokens=q_len - 1)
+    runner, impl = Runner(), make_impl(av1)
+    size = 4 * q_len  # 3 or 4 live requests -> the capture size of 4 requests
+    caches = (
+        torch.randn(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, 512),
+        torch.randn(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, 512),
+    )
+    query = torch.randn(size, NUM_HEADS, 512)
+    output = torch.zeros_like(query)
+
+    batches = [
+        ([[4, 1, 0], [2, 5, 3], [0, 0, 0]], [7, 10, 2]),  # captured
+        ([[1, 2, 3], [5, 4, 0], [3, 3, 3]], [12, 5, 9]),  # replayed: same size, new data
+        ([[0, 5, 1], [2, 2, 2], [4, 0, 0], [3, 1, 5]], [9, 6, 3, 11]),  # a fourth live request
+    ]
+    metadata = routed_batch(av1, builder, runner, *batches[0], q_len, state)
+    captured = getattr(metadata, patch.ROUTE_ATTR)
+    assert captured.size == size
+    graph = Graph("cpu")
+    set_capturing(True)
+    with graph.capture():
+        impl.forward_impl(query, None, None, caches, metadata, output)
+    set_capturing(False)
+
+    for i, (tables, lens) in enumerate(batches):
+        if i:
+            query.copy_(torch.randn_like(query))
+            route = getattr(routed_batch(av1, builder, runner, tables, lens, q_len, state), patch.ROUTE_ATTR)
+            assert (route.size, route.num_reqs) == (size, len(lens))
+            assert route.block_table.data_ptr() == captured.block_table.data_ptr()
+            assert route.seq_lens.data_ptr() == captured.seq_lens.data_ptr()
+        graph.replay()
+        live = len(lens) * q_len
+        table = torch.tensor(tables, dtype=torch.int32)
+        expected = reference_attention(query[:live], caches, table, lens, q_len, 0.125)
+        torch.testing.assert_close(output[:live], expected, rtol=1e-4, atol=1e-4)
+        assert torch.all(output[live:] == 0)  # padded rows: seq_len 0 gives zeros
+    assert original_calls(av1, "forward_impl") == []
+
+
+def test_views_keep_their_start_address_across_sizes(av1: Any, kernels: Any) -> None:
+    builder, runner, impl = make_builder(av1), Runner(), make_impl(av1)
+    set_capturing(True)
+    pointers = []
+    for live, size in ((1, 1), (3, 4), (5, 8), (3, 4)):
+        metadata = builder.build(0, runner.common(av1, [1] * live, "DecodeOnly", padded_reqs=size))
+        route = getattr(metadata, patch.ROUTE_ATTR)
+        assert route.size == size and route.block_table.shape == (size, WIDTH)
+        run_layer(av1, impl, metadata, num_tokens=size)
+        args = kernels.calls[-1][1]
+        pointers.append((args["block_table"].data_ptr(), args["seq_lens"].data_ptr()))
+    assert len(set(pointers)) == 1
+
+
+def test_padded_rows_are_cleared_in_the_graphbuf_views(av1: Any, kernels: Any) -> None:
+    builder, runner = make_builder(av1), Runner()
+    metadata = routed_batch(av1, builder, runner, [[1, 2, 3], [4, 5, 0]], [9, 4], 1, "DecodeOnly")
+    route = getattr(metadata, patch.ROUTE_ATTR)
+    assert (route.size, route.num_reqs) == (2, 2)
+    # A smaller batch next: its padded rows must not keep the previous batch's values.
+    common = runner.common(av1, [1], "DecodeOnly", padded_reqs=2)
+    runner.block_table[1:] = 5  # stale rows the runner did not clear
+    runner.seq_lens[1:] = 11
+    route = getattr(builder.build(0, common), patch.ROUTE_ATTR)
+    assert (route.size, route.num_reqs) == (1, 1)
+    full = resolve.group_buffers(builder).buffers.full
+    assert full["seq_lens"].tolist() == [5] + [0] * (MAX_NUM_SEQS - 1)
+    assert full["block_table.full"][0].tolist() == [0, 1, 2]
+    assert torch.all(full["block_table.full"][1:] == 0)
+    set_capturing(True)
+    run_layer(av1, make_impl(av1), builder.build(0, runner.common(av1, [1, 1, 1], "DecodeOnly", 4)), 4)
+    assert kernels.calls[-1][1]["lens_values"] == [5, 6, 7, 0]
+    assert kernels.calls[-1][1]["table_values"][3] == [0, 0, 0]
+
+
+def test_too_wide_runner_block_table_raises_and_leaves_the_slab_unchanged(av1: Any) -> None:
+    builder = make_builder(av1)
+    builder.build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    slab = resolve.group_buffers(builder).buffers.slab
+    before = slab.clone()
+    wide = Runner(width=WIDTH + 1)
+    with pytest.raises(WidthError, match=r"'block_table\.full'.*4 wide.*3 columns"):
+        builder.build(0, wide.common(av1, [1, 1, 1], "DecodeOnly", padded_reqs=4))
+    assert torch.equal(slab, before)
+
+
+def test_capture_sizes_and_constants_come_from_the_vllm_config(av1: Any) -> None:
+    builder = make_builder(av1, spec_tokens=2, capture_sizes=[12, 3, 6])
+    runner = Runner()
+    route = getattr(builder.build(0, runner.common(av1, [3, 3, 3], "SpecDecoding")), patch.ROUTE_ATTR)
+    buffers = resolve.group_buffers(builder)
+    assert buffers.capture_sizes == (3, 6, 12)
+    assert buffers.tokens_per_request == 3
+    assert buffers.buffers.names == ("block_table.full", "seq_lens")
+    assert (route.q_len, route.size, route.block_table.shape) == (3, 12, (4, WIDTH))
+    constants = buffers.buffers.plan.constants
+    assert {k: constants[k] for k in ("max_model_len", "block_size", "max_num_seqs", "tp_size")} == {
+        "max_model_len": MAX_MODEL_LEN,
+        "block_size": BLOCK_SIZE,
+        "max_num_seqs": MAX_NUM_SEQS,
+        "tp_size": 2,
+    }
+    assert (constants["num_speculative_tokens"], constants["max_blocks_per_seq"]) == (2, WIDTH)
+    # Above the largest capture size a batch is never graph-captured: no route, nothing refreshed.
+    before = buffers.buffers.slab.clone()
+    metadata = builder.build(0, runner.common(av1, [3] * 5, "SpecDecoding"))
+    assert getattr(metadata, patch.ROUTE_ATTR, None) is None
+    assert torch.equal(buffers.buffers.slab, before)
+    assert resolve.group_buffers(builder) is buffers  # one StaticBuffers per builder
+
+
+@pytest.mark.parametrize(
+    ("capture_sizes", "max_num_seqs", "message"),
+    [
+        ([3, 6, 24], 4, r"capture\.sizes\[2\]: size 24 implies 8 requests, above max_num_seqs \(4\)"),
+        ([3, 4], 16, r"capture\.sizes\[1\]: size 4 is not a multiple of tokens_per_request \(3\)"),
+        (None, 16, r"compilation_config\.cudagraph_capture_sizes is None"),
+    ],
+)
+def test_bad_envelope_raises_spec_error(
+    av1: Any, capture_sizes: Any, max_num_seqs: int, message: str
+) -> None:
+    builder = make_builder(av1, spec_tokens=2, capture_sizes=capture_sizes, max_num_seqs=max_num_seqs)
+    with pytest.raises(SpecError, match=message):
+        builder.build(0, Runner().common(av1, [3, 3], "SpecDecoding"))
+
+
+def test_decode_length_batch_under_mtp_cannot_run_in_a_full_graph(av1: Any, kernels: Any) -> None:
+    # With 2 speculative tokens graphbuf's buffers hold requests of 3 tokens; a 1-token batch does not fit.
+    metadata = make_builder(av1, spec_tokens=2).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    route = getattr(metadata, patch.ROUTE_ATTR)
+    assert route.q_len is None and route.block_table is None
+    run_layer(av1, make_impl(av1), metadata, num_tokens=2)  # eager: the original path
+    assert original_calls(av1, "forward_impl") == [512]
+    set_capturing(True)
+    with pytest.raises(CaptureError, match="query length is 1, but graphbuf's buffers hold requests of 3"):
+        run_layer(av1, make_impl(av1), metadata, num_tokens=2)
+    assert kernels.calls == []
 
 
 # --------------------------------------------------------------------------------- output handling

@@ -2,14 +2,15 @@
 
 Routing rule.
 
-1. Groups. The patched ``AscendAttentionMetadataBuilder.build`` attaches a ``Route`` to the metadata of a KV
-   group exactly when the builder is the base class itself (not the PCP/DCP subclasses),
-   ``compilation_config.cudagraph_mode`` is FULL_DECODE_ONLY, the group's KV spec has head_size
-   ``LARGE_HEAD_SIZE`` and no sliding window, C8 KV quantization is off and attention is causal. This
-   depends on the group only, never on the batch.
-2. Batches. ``Route.q_len`` is the query length of a pure uniform decode batch: no prefill request and every
-   real request with the same query length, 1 (decode) or the builder's ``decode_threshold``
-   (1 + num_speculative_tokens, MTP verify); otherwise None.
+1. Groups. The patched ``AscendAttentionMetadataBuilder.build`` routes a KV group exactly when the builder is
+   the base class itself (not the PCP/DCP subclasses), ``compilation_config.cudagraph_mode`` is
+   FULL_DECODE_ONLY, the group's KV spec has head_size ``LARGE_HEAD_SIZE`` and no sliding window, C8 KV
+   quantization is off and attention is causal. This depends on the group only, never on the batch.
+2. Batches. A batch of a routed group larger than every capture size is never graph-captured: it gets no
+   ``Route``. Any other batch gets one. ``Route.q_len`` is the query length of a pure uniform decode batch:
+   no prefill request and every real request with the same query length, equal to the group's graphbuf
+   ``tokens_per_request`` (1 + num_speculative_tokens: 1 is decode, more is MTP verify); otherwise None,
+   with ``Route.reason`` saying why.
 3. Calls. ``AscendAttentionBackendImpl.forward_impl`` goes to graphbuf (``large_head.decode_attention`` for
    q_len 1, ``large_head.verify_attention`` for q_len > 1) when its metadata carries a ``Route`` and the
    forward runs inside a full ACL graph (vllm-ascend's forward context says ``capturing`` or vLLM's
@@ -17,13 +18,20 @@ Routing rule.
    PIECEWISE, NONE or FULL_AND_PIECEWISE, eager prefill/mixed/decode batches) runs the original method.
 4. Replay updates. The patched ``update_graph_params`` hides routed groups from vllm-ascend's task update,
    since their captured work is graphbuf's, not a fused-attention task. Because of this, a routed call
-   that graphbuf cannot run (q_len None, a layer with sliding window/sinks/ALiBi, too few table rows)
-   raises ``CaptureError`` instead of falling back: a fallback task would never be updated.
+   that graphbuf cannot run (q_len None, a layer with sliding window/sinks/ALiBi, more query tokens than
+   the route's rows) raises ``CaptureError`` instead of falling back: a fallback task would never be
+   updated.
 
-Tensors handed to graphbuf come from the runner's common attention metadata (``block_table_tensor`` and
-the device ``seq_lens``), which are row-prefix views of the runner's persistent buffers and so keep their
-addresses from capture to replay; the original builder may replace its own ``block_tables`` with a padded
-copy.
+Tensors handed to graphbuf's kernels are graphbuf's own captured buffers, never the runner's. Each routed
+builder owns one ``graphbuf.StaticBuffers`` (``resolve.py``: the shipped ``gemma4-31b-it-mtp`` spec reduced
+to ``block_table.full`` and ``seq_lens``, capture sizes from ``compilation_config.cudagraph_capture_sizes``,
+constants from the vLLM config; a bad envelope raises ``SpecError`` on the group's first build). For a
+routed uniform batch, ``build`` picks the smallest capture size holding ``num_actual_tokens`` and refreshes
+that size's buffers from the runner's ``block_table_tensor`` and device ``seq_lens`` (the first
+``num_reqs`` rows, copied device to device): padded rows are cleared to 0, and a table wider than the
+allocation raises ``WidthError`` with nothing written (never truncated). The ``Route`` carries the views of
+that size, whose addresses never change, so a graph captured on one build reads the next build's values
+on replay.
 
 The import of ``vllm_ascend`` is deferred: ``install()`` patches at once if the attention module is already
 imported, and otherwise right after its first import (a ``sys.meta_path`` hook), so the plugin never
@@ -90,16 +98,21 @@ _hook: _PatchOnImport | None = None
 
 @dataclass(frozen=True)
 class Route:
-    """Marks a KV group whose full-graph attention graphbuf runs, with what one batch needs.
+    """Marks a batch of a routed KV group, with what graphbuf's kernels read for it.
 
     ``q_len``: query tokens per request of a pure uniform decode batch (1: decode, > 1: MTP verify), None
-    for any other batch. ``block_table`` ([R, W] int32) and ``seq_lens`` ([R] int32) are the runner's
-    device tensors for the padded batch, R >= batch size.
+    for any other batch (then ``reason`` says why and nothing else is set). ``block_table``
+    (``[size // q_len, W]`` int32) and ``seq_lens`` (``[size // q_len]`` int32) are views of the group's
+    graphbuf buffers at capture size ``size``: fixed addresses, refreshed by ``build``, rows from
+    ``num_reqs`` on cleared to 0.
     """
 
     q_len: int | None
-    block_table: Any
-    seq_lens: Any
+    block_table: Any = None
+    seq_lens: Any = None
+    size: int | None = None
+    num_reqs: int = 0
+    reason: str | None = None
 
 
 def install(check_version: bool = True) -> str:
@@ -188,10 +201,12 @@ def is_patched(module: Any = None) -> bool:
 
 
 def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> Route | None:
-    """The ``Route`` of one built batch of one KV group, or None when the group keeps vllm-ascend's path.
+    """The ``Route`` of one built batch of one KV group, or None when the batch keeps vllm-ascend's path.
 
-    Pure: reads the builder's config and KV spec, the runner's common metadata and the built metadata;
-    changes nothing. Rules 1 and 2 of the module docstring.
+    Rules 1 and 2 of the module docstring. For a routed uniform batch it refreshes the group's graphbuf
+    buffers (created on the group's first routed build; ``SpecError`` for a bad envelope) and returns their
+    views; a ``graphbuf.RefreshError`` (``WidthError`` for a table wider than the allocation) propagates
+    with the buffers unchanged.
     """
     if _enum_name(_graph_mode(builder)) not in ROUTED_GRAPH_MODES:
         return None
@@ -208,8 +223,31 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     seq_lens = getattr(common_attn_metadata, "seq_lens", None)
     if block_table is None or seq_lens is None:
         return None
+    resolve = importlib.import_module(f"{__package__}.resolve")
+    device = getattr(builder, "device", None)
+    buffers = resolve.group_buffers(builder, block_table.device if device is None else device)
+    num_tokens = int(getattr(common_attn_metadata, "num_actual_tokens", 0))
+    size = buffers.capture_size(num_tokens)
+    if size is None:
+        return None  # above every capture size: this batch always runs eagerly
     q_len = _uniform_decode_query_len(builder, common_attn_metadata, attn_metadata)
-    return Route(q_len=q_len, block_table=block_table, seq_lens=seq_lens)
+    tpr = buffers.tokens_per_request
+    if q_len is None:
+        return Route(
+            q_len=None,
+            reason=f"the batch is not a pure uniform decode batch of query length {tpr} "
+            "(1 + num_speculative_tokens)",
+        )
+    if q_len != tpr:
+        return Route(
+            q_len=None,
+            reason=f"the batch's query length is {q_len}, but graphbuf's buffers hold requests of "
+            f"{tpr} tokens (tokens_per_request = 1 + num_speculative_tokens)",
+        )
+    num_reqs = getattr(common_attn_metadata, "num_reqs", None)
+    num_reqs = num_tokens // q_len if num_reqs is None else int(num_reqs)
+    views = buffers.resolve(size, block_table, seq_lens, num_reqs)
+    return Route(q_len=q_len, block_table=views[0], seq_lens=views[1], size=size, num_reqs=num_reqs)
 
 
 def _uniform_decode_query_len(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> int | None:
@@ -310,7 +348,7 @@ def _graphbuf_forward(
     problems = []
     q_len = route.q_len
     if q_len is None:
-        problems.append("the batch is not a pure uniform decode batch of query length 1 or 1 + spec tokens")
+        problems.append(route.reason or "the batch is not a pure uniform decode batch")
         q_len = 1
     batch, remainder = divmod(num_tokens, q_len)
     if getattr(impl, "head_size", None) != LARGE_HEAD_SIZE:
@@ -327,9 +365,13 @@ def _graphbuf_forward(
         problems.append(f"attn_type is {getattr(impl, 'attn_type', None)}, allowed: decoder")
     if remainder:
         problems.append(f"{num_tokens} query tokens is not a multiple of q_len {q_len}")
-    for name, tensor in (("block_table", route.block_table), ("seq_lens", route.seq_lens)):
-        if int(tensor.shape[0]) < batch:
-            problems.append(f"{name} has {int(tensor.shape[0])} rows, the batch needs {batch}")
+    if route.q_len is not None:
+        for name, tensor in (("block_table", route.block_table), ("seq_lens", route.seq_lens)):
+            if int(tensor.shape[0]) < batch:
+                problems.append(
+                    f"graphbuf's {name} at capture size {route.size} has {int(tensor.shape[0])} rows, "
+                    f"the batch needs {batch}"
+                )
     key_cache, value_cache = getattr(impl, "key_cache", None), getattr(impl, "value_cache", None)
     if key_cache is None and kv_cache is not None and len(kv_cache) >= 2:
         key_cache, value_cache = kv_cache[0], kv_cache[1]
@@ -346,7 +388,11 @@ def _graphbuf_forward(
         )
 
     large_head = importlib.import_module(f"{__package__}.large_head")
-    block_table, seq_lens = route.block_table[:batch], route.seq_lens[:batch]
+    # Under a full graph the query holds the padded batch (route.size tokens): the views as they are, whose
+    # padded rows have seq_len 0 and give zeros. A shorter query reads a row prefix at the same addresses.
+    block_table, seq_lens = route.block_table, route.seq_lens
+    if int(block_table.shape[0]) != batch:
+        block_table, seq_lens = block_table[:batch], seq_lens[:batch]
     if q_len == 1:
         result = large_head.decode_attention(query, key_cache, value_cache, block_table, seq_lens, impl.scale)
     else:

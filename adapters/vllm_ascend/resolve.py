@@ -1,0 +1,180 @@
+"""The graphbuf-buffer side of the vllm-ascend patch: one ``StaticBuffers`` per routed KV group.
+
+A routed group's attention reads its block table and KV lengths from graphbuf's slab, never from the
+runner's tensors. The slab is planned from a variant of the shipped spec ``gemma4-31b-it-mtp``:
+
+* only the buffers routed attention reads, ``block_table.full`` and ``seq_lens`` (group ``full``); the
+  builder of one KV group sees neither the other group's tables nor a use for ``query_start_loc`` or the
+  slot mappings, which vllm-ascend's own kernels keep reading from the runner;
+* ``capture.sizes`` = ``compilation_config.cudagraph_capture_sizes``, the token counts vLLM captures;
+* constants overridden from the vLLM config where it has them: ``max_model_len``, ``max_num_seqs``,
+  ``max_num_batched_tokens``, ``num_speculative_tokens`` (0 without a speculative config), ``tp_size`` and
+  the group's ``block_size``.
+
+The variant is validated with those overrides, so an envelope the spec cannot hold (a capture size that is
+not a multiple of ``1 + num_speculative_tokens``, or implies more requests than ``max_num_seqs``) raises
+:class:`graphbuf.SpecError` before anything is allocated.
+
+Invariants of :meth:`GroupBuffers.resolve`: it returns the views of one capture size, whose addresses never
+change; after it, rows ``[:num_reqs]`` equal the runner's rows, every later row is 0 (``seq_lens`` 0: the
+kernels return zeros for those rows and read no cache block past column 0), and a runner table wider than
+the allocation raises :class:`graphbuf.WidthError` with no byte of the slab changed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from graphbuf.buffers import StaticBuffers
+from graphbuf.errors import SpecError
+from graphbuf.spec import GraphSpec, load_spec
+
+__all__ = [
+    "BLOCK_TABLE",
+    "GROUP",
+    "ROUTED_BUFFERS",
+    "SEQ_LENS",
+    "SPEC_NAME",
+    "GroupBuffers",
+    "capture_sizes",
+    "group_buffers",
+    "routed_spec",
+    "spec_overrides",
+]
+
+SPEC_NAME = "gemma4-31b-it-mtp"
+"""The shipped spec the routed groups' buffers are planned from."""
+
+GROUP = "full"
+"""The spec's KV group a routed vLLM KV group stands for."""
+
+BLOCK_TABLE = f"block_table.{GROUP}"
+SEQ_LENS = "seq_lens"
+ROUTED_BUFFERS = (BLOCK_TABLE, SEQ_LENS)
+"""The buffers routed attention reads: the only ones the variant spec declares."""
+
+_CACHE_ATTR = "_graphbuf_group_buffers"
+
+# spec constant -> (vLLM config section, attribute)
+_CONFIG_CONSTANTS = (
+    ("max_model_len", "model_config", "max_model_len"),
+    ("max_num_seqs", "scheduler_config", "max_num_seqs"),
+    ("max_num_batched_tokens", "scheduler_config", "max_num_batched_tokens"),
+    ("tp_size", "parallel_config", "tensor_parallel_size"),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _base_spec() -> GraphSpec:
+    return load_spec(SPEC_NAME)  # a GraphSpec is immutable: one copy serves every builder
+
+
+def _as_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def spec_overrides(vllm_config: Any, kv_cache_spec: Any) -> dict[str, int]:
+    """Spec constants the vLLM config and the group's KV spec determine; absent or non-int fields are left
+    to the spec. No speculative config means ``num_speculative_tokens`` 0."""
+    overrides: dict[str, int] = {}
+    for constant, section, attr in _CONFIG_CONSTANTS:
+        value = _as_int(getattr(getattr(vllm_config, section, None), attr, None))
+        if value is not None:
+            overrides[constant] = value
+    if hasattr(vllm_config, "speculative_config"):
+        speculative = vllm_config.speculative_config
+        tokens = 0 if speculative is None else _as_int(getattr(speculative, "num_speculative_tokens", None))
+        if tokens is not None:
+            overrides["num_speculative_tokens"] = tokens
+    block_size = _as_int(getattr(kv_cache_spec, "block_size", None))
+    if block_size is not None:
+        overrides["block_size"] = block_size
+    return overrides
+
+
+def capture_sizes(vllm_config: Any) -> list[Any]:
+    """``compilation_config.cudagraph_capture_sizes``; SpecError if it is missing or empty."""
+    sizes = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_capture_sizes", None)
+    if not sizes:
+        raise SpecError(
+            f"{SPEC_NAME}: capture.sizes: compilation_config.cudagraph_capture_sizes is {sizes!r}; routed "
+            "large-head attention needs the token counts vLLM captures (a non-empty list of ints)"
+        )
+    return list(sizes)
+
+
+def routed_spec(vllm_config: Any, kv_cache_spec: Any) -> tuple[GraphSpec, dict[str, int]]:
+    """The validated variant spec of a routed group (see the module docstring) and its overrides.
+
+    Raises :class:`SpecError` naming the field and the vLLM setting behind it when the envelope is invalid.
+    """
+    base = _base_spec()
+    overrides = spec_overrides(vllm_config, kv_cache_spec)
+    variant = base.model_copy(
+        update={
+            "groups": [GROUP],
+            "buffers": {name: base.buffers[name] for name in ("block_table", "seq_lens")},
+            "capture": base.capture.model_copy(update={"sizes": capture_sizes(vllm_config)}),
+            "tasks": [],  # the drill's tasks; nothing here runs them
+        }
+    )
+    shown = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "none"
+    source = (
+        f"{SPEC_NAME} for vllm-ascend (capture.sizes from compilation_config.cudagraph_capture_sizes; "
+        f"overrides from the vLLM config: {shown})"
+    )
+    return GraphSpec.model_validate(variant.model_dump(), source=source, overrides=overrides), overrides
+
+
+class GroupBuffers:
+    """The graphbuf buffers of one routed KV group: one slab on ``device``, allocated once.
+
+    Args:
+        spec: the validated variant spec (:func:`routed_spec`).
+        overrides: its constant overrides.
+        device: the runner's device.
+    """
+
+    def __init__(self, spec: GraphSpec, overrides: Mapping[str, int], device: str | torch.device) -> None:
+        self.buffers = StaticBuffers(spec, device, overrides=overrides)
+        self.tokens_per_request: int = self.buffers.plan.tokens_per_request
+        self.capture_sizes: tuple[int, ...] = self.buffers.capture_sizes
+
+    def capture_size(self, num_tokens: int) -> int | None:
+        """The smallest capture size holding ``num_tokens`` tokens; None above the largest (not captured)."""
+        i = bisect.bisect_left(self.capture_sizes, num_tokens)
+        return self.capture_sizes[i] if i < len(self.capture_sizes) else None
+
+    def resolve(
+        self, size: int, block_table: Any, seq_lens: Any, num_reqs: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Refresh the buffers of capture ``size`` from the runner's ``block_table`` ``[>= num_reqs, W]`` and
+        ``seq_lens`` ``[>= num_reqs]`` (their first ``num_reqs`` rows are the live requests); return the
+        ``(block_table, seq_lens)`` views of ``size``, ``[size // tokens_per_request, ...]``.
+
+        Sources on the slab's device are copied device to device. Raises :class:`graphbuf.RefreshError`
+        (``WidthError``: a table wider than the allocation; ``RowsError``: more live requests than ``size``
+        holds) with nothing written.
+        """
+        self.buffers.refresh(
+            size, {BLOCK_TABLE: block_table[:num_reqs], SEQ_LENS: seq_lens[:num_reqs]}, num_requests=num_reqs
+        )
+        views = self.buffers.view(size)
+        return views[BLOCK_TABLE], views[SEQ_LENS]
+
+
+def group_buffers(builder: Any, device: str | torch.device | None = None) -> GroupBuffers:
+    """The builder's :class:`GroupBuffers`, created on first use from ``builder.vllm_config`` and
+    ``builder.kv_cache_spec`` on ``device`` (default ``builder.device``), then kept on the builder."""
+    cached = builder.__dict__.get(_CACHE_ATTR)
+    if cached is None:
+        spec, overrides = routed_spec(getattr(builder, "vllm_config", None), builder.kv_cache_spec)
+        where = device if device is not None else getattr(builder, "device", None)
+        cached = GroupBuffers(spec, overrides, where if where is not None else "cpu")
+        builder.__dict__[_CACHE_ATTR] = cached
+    return cached
