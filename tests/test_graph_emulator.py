@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -352,16 +354,151 @@ def test_functional_ops_replay_without_copy_fallback() -> None:
     x, a, b = torch.randn(256), torch.randn(256), torch.randn(256)
     em = Emulator()
     with em.capture():
-        y = torch.sigmoid(x * a + b).clamp(-1.0, 1.0)
+        ax = x * a  # every result is held: each is static and written through an out= / in-place shortcut
+        pre = ax + b
+        act = torch.sigmoid(pre)
+        y = act.clamp(-1.0, 1.0)
         z = y.t().contiguous().masked_fill(y > 0.5, 0.0)
+        # Dropped at once: transient, the op itself runs at replay (no shortcut, no copy either).
+        w = torch.sigmoid(x * a + b).clamp(-1.0, 1.0)
     stats = em.stats
     assert stats.get("copy", 0) == 0, stats
-    assert stats["out"] >= 4
+    assert stats["out"] >= 4 and stats["transient"] == 4, stats  # x * a, + b, sigmoid, y > 0.5
     x.copy_(torch.randn(256))
     em.replay()
     want = torch.sigmoid(x * a + b).clamp(-1.0, 1.0)
-    assert torch.equal(y, want)
+    assert torch.equal(ax, x * a) and torch.equal(act, torch.sigmoid(x * a + b))
+    assert torch.equal(y, want) and torch.equal(w, want)
     assert torch.equal(z, want.masked_fill(want > 0.5, 0.0))
+
+
+# ---- transient intermediates ---------------------------------------------------------------------------
+
+
+def test_intermediates_are_freed_after_capture_and_recomputed_at_replay() -> None:
+    x = torch.randn(4, 8)
+    refs: list[weakref.ref[torch.Tensor]] = []
+    em = Emulator()
+    with em.capture():
+        h = x * 2
+        refs.append(weakref.ref(h))
+        y = h.t().exp().sum(0)  # t() views a transient tensor: re-run at replay, not skipped
+        del h
+    assert refs[0]() is None  # the recording holds no reference to an intermediate
+    assert em.slots["static"] == 1 and em.slots["transient"] == 3 and em.slots["external"] == 1
+    assert em.stats["view"] == 1 and em.stats["transient"] == 2, em.stats
+    ptr = y.data_ptr()
+    for _ in range(2):
+        x.copy_(torch.randn(4, 8))
+        em.replay()
+        assert y.data_ptr() == ptr
+        assert torch.allclose(y, (x * 2).t().exp().sum(0))
+
+
+def test_escaped_view_keeps_its_base_static() -> None:
+    x = torch.arange(8.0)
+
+    def head() -> torch.Tensor:
+        buf = x * 2  # created during capture, dropped when head() returns ...
+        return buf[2:5]  # ... but this view of its storage escapes
+
+    em = Emulator()
+    with em.capture():
+        view = head()
+        storage = (x + 1).untyped_storage()  # only the storage of a result escapes: that is enough
+    ptr = view.data_ptr()
+    assert em.slots["static"] == 3 and em.slots["transient"] == 0  # buf, its view, x + 1
+    x.copy_(torch.arange(8.0) + 10)
+    em.replay()
+    assert view.data_ptr() == ptr
+    assert torch.equal(view, (x * 2)[2:5])
+    assert torch.equal(torch.empty(0).set_(storage, 0, (8,), (1,)), x + 1)
+
+
+def test_graphs_of_a_big_intermediate_hold_only_their_outputs() -> None:
+    x = torch.randn(64, 256)
+    big = 16 * 64 * 256 * 4  # bytes of each graph's intermediate
+    graphs, outs = [], []
+    for i in range(4):
+        g = Graph("cpu")
+        with g.capture():
+            outs.append((x.expand(16, 64, 256) * (i + 1)).sum(0))
+        graphs.append(g)
+    slots = [g.emulator.slots for g in graphs if g.emulator is not None]
+    assert sum(s["static_bytes"] for s in slots) == 4 * x.nbytes  # the outputs: not 4 * (big + output)
+    assert all(s["transient_bytes"] == big for s in slots)
+    x.copy_(torch.randn(64, 256))
+    for i, (g, out) in enumerate(zip(graphs, outs, strict=True)):
+        g.replay()
+        assert torch.allclose(out, x * (16 * (i + 1)), rtol=1e-5, atol=1e-4)
+
+
+def test_big_static_results_of_transient_inputs_replay_in_place() -> None:
+    x = torch.randn(512, 1024)  # 2 MiB: above the size whose shortcut is checked while recording
+    em = Emulator()
+    with em.capture():
+        y = (x * 2).exp()  # the input is transient: y is written by a checked shortcut or copied into
+        h = x * 3
+        z = h.exp()  # the input is held: the shortcut is checked when capture ends
+    ptrs = (y.data_ptr(), z.data_ptr())
+    assert em.stats.get("out", 0) >= 2, em.stats
+    x.copy_(torch.randn(512, 1024))
+    em.replay()
+    assert (y.data_ptr(), z.data_ptr()) == ptrs
+    assert torch.equal(y, (x * 2).exp()) and torch.equal(z, (x * 3).exp())
+
+
+def test_reused_ids_are_not_mistaken_for_dead_tensors() -> None:
+    x = torch.randn(32)
+    em = Emulator()
+    with em.capture():
+        acc = torch.zeros(32)
+        for i in range(50):  # each t dies at once: new tensors keep reusing its id
+            t = x + i
+            acc = acc + t * t
+            del t
+    x.copy_(torch.randn(32))
+    em.replay()
+    want = torch.zeros(32)
+    for i in range(50):
+        want = want + (x + i) * (x + i)
+    assert torch.equal(acc, want)
+
+
+def test_failed_capture_and_reset_leave_no_slots() -> None:
+    x = torch.ones(3)
+    em = Emulator()
+    with pytest.raises(ValueError, match="boom"), em.capture():
+        _ = x * 2
+        raise ValueError("boom")
+    assert em.slots == dict.fromkeys(
+        ("static", "transient", "external", "static_bytes", "transient_bytes"), 0
+    )
+    with em.capture():
+        y = x + 1
+    assert em.slots["static"] == 1
+    em.reset()
+    assert em.slots["static"] == 0 and em.num_steps == 0
+    assert torch.equal(y, torch.full((3,), 2.0))
+
+
+def test_task_update_releases_the_old_recording() -> None:
+    x = torch.arange(6.0)
+    out = torch.zeros(6)
+
+    def scaled(src: torch.Tensor, dst: torch.Tensor, *, factor: float) -> None:
+        dst.copy_((src * factor).exp().log())  # intermediates: transient
+
+    g = Graph("cpu")
+    with g.capture():
+        task = g.task("custom", scaled, x, out, factor=2.0)
+    assert g.emulator is not None
+    before = g.emulator.slots
+    for factor in (3.0, 4.0, 5.0):
+        task.update(factor=factor)
+        assert g.emulator.slots == before  # the replaced group's slots are gone, nothing accumulates
+        g.replay()
+        assert torch.allclose(out, x * factor)
 
 
 # ---- facade --------------------------------------------------------------------------------------------
