@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from graphbuf.emulator import Emulator, capture_guards
+from graphbuf.emulator import Emulator
 from graphbuf.errors import CaptureError, DeviceUnavailableError
+from graphbuf.guards import capture_guards
 from graphbuf.tasks import (
     CapturedTask,
     NpuTaskState,
