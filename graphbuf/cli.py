@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("drill", help="capture every size, replay randomized batches, compare with eager")
     spec_args(p)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "npu"))
-    p.add_argument("--replays", type=int, default=200, help="randomized replays (default 200)")
+    p.add_argument("--replays", type=int, default=60, help="randomized replays (default 60)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_drill)

@@ -456,6 +456,9 @@ class Refresher:
         strict = self.strict if strict is None else strict
         prepared = []
         slots = self._slots
+        fast_given = (
+            0  # non-keep buffers taken by the fast path (each name at most once: sources is a mapping)
+        )
         for name, src in sources.items():
             # The common case inline: a host array of a safe dtype that fits. Anything unusual goes to the
             # slow path, which accepts it or says precisely why not.
@@ -471,6 +474,7 @@ class Refresher:
                     if len(shape) == 1 and not cap_cols:
                         if shape[0] <= cap_rows and (shape[0] < 2 or arr.strides[0] == arr.itemsize):
                             prepared.append((slot, arr, None, shape[0], 0))
+                            fast_given += 1
                             continue
                     elif len(shape) == 2 and cap_cols:
                         rows, width = shape
@@ -480,9 +484,10 @@ class Refresher:
                             and (width < 2 or arr.strides[1] == arr.itemsize)
                         ):
                             prepared.append((slot, arr, None, rows, width))
+                            fast_given += 1
                             continue
             prepared.append(self._prepare(name, src, size, strict))
-        if len(prepared) < len(self._required) or not self._required.issubset(sources.keys()):
+        if fast_given != len(self._required) and not self._required.issubset(sources.keys()):
             missing = sorted(self._required - sources.keys())
             raise RefreshError(
                 f"refresh(size={size}): missing buffer(s) {', '.join(missing)}; only buffers declared "
