@@ -105,6 +105,14 @@ def test_a_smaller_refresh_clears_stale_rows_and_columns(sb: StaticBuffers) -> N
     assert v["slot_mapping"].tolist() == [100, 101, -1, -1, -1, -1, -1, -1]
 
 
+def test_refresh_runs_inside_a_profiler_range(sb: StaticBuffers) -> None:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        sb.refresh(8, _arrays(3))
+    assert [e.name for e in prof.events()].count("graphbuf.refresh") == 1
+    sb.refresh(8, _arrays(2))  # outside a profiler: no range, same result
+    np.testing.assert_array_equal(sb.view(8)["seq_lens"].numpy()[:3], [10, 11, 0])
+
+
 def test_num_requests_may_be_given_and_must_agree(sb: StaticBuffers) -> None:
     assert sb.refresh(4, _as("numpy", _arrays(2)), num_requests=2) == 2
     assert sb.refresh(4, _as("numpy", _arrays(0)), num_requests=0) == 0
