@@ -454,6 +454,13 @@ class Refresher:
             sizes = ", ".join(map(str, self.plan.capture_sizes))
             raise RefreshError(f"refresh(size={size}): not a capture size; sizes: {sizes}")
         strict = self.strict if strict is None else strict
+        # The host image is scratch: sources are placed into it while they are validated, and nothing
+        # reaches the buffers before every source and bound has passed.
+        k = self._turn
+        if self._events[k] is not None:
+            self._events[k].synchronize()  # the upload that last read this staging copy has finished
+        image = self._images[k]
+        image[: self._image_end] = self._pad_image
         prepared = []
         slots = self._slots
         fast_given = (
@@ -472,8 +479,13 @@ class Refresher:
                     shape = arr.shape
                     cap_rows, cap_cols = slot.capacity[size]
                     if len(shape) == 1 and not cap_cols:
-                        if shape[0] <= cap_rows and (shape[0] < 2 or arr.strides[0] == arr.itemsize):
-                            prepared.append((slot, arr, None, shape[0], 0))
+                        n = shape[0]
+                        if n <= cap_rows and (n < 2 or arr.strides[0] == arr.itemsize):
+                            t = slot.targets[k]
+                            t[:n] = arr
+                            if slot.repeat_last and n:
+                                t[n:] = t[n - 1]
+                            prepared.append((slot, arr, None, n, 0))
                             fast_given += 1
                             continue
                     elif len(shape) == 2 and cap_cols:
@@ -483,10 +495,16 @@ class Refresher:
                             and width <= cap_cols
                             and (width < 2 or arr.strides[1] == arr.itemsize)
                         ):
+                            t = slot.targets[k]
+                            t[:rows, :width] = arr
+                            if slot.repeat_last and rows:
+                                t[rows:] = t[rows - 1]
                             prepared.append((slot, arr, None, rows, width))
                             fast_given += 1
                             continue
-            prepared.append(self._prepare(name, src, size, strict))
+            p = self._prepare(name, src, size, strict)
+            self._place(p, k)
+            prepared.append(p)
         if fast_given != len(self._required) and not self._required.issubset(sources.keys()):
             missing = sorted(self._required - sources.keys())
             raise RefreshError(
@@ -494,13 +512,16 @@ class Refresher:
                 "'keep: true' may be omitted"
             )
         live = self._live_requests(prepared, size, num_requests)
+        for region, lo, span, diff, over in self._checks[k]:
+            np.subtract(region, lo, out=diff)
+            if np.count_nonzero(np.greater(diff, span, out=over)):
+                self._raise_bounds(prepared, size)
         if self.on_host:
-            self._build_image(prepared, 0, size)
-            image, slab = self._images[0], self._slab_np
+            slab = self._slab_np
             for lo, hi in self._spans(prepared):
                 slab[lo:hi] = image[lo:hi]
             return live
-        return self._write_device(prepared, live, size)
+        return self._write_device(prepared, live, k)
 
     def _live_requests(self, prepared: list[_Prepared], size: int, num_requests: int | None) -> int:
         cap_requests = size // self.plan.tokens_per_request
@@ -554,30 +575,23 @@ class Refresher:
         else:
             t[n:] = slot.pad
 
-    def _build_image(self, prepared: list[_Prepared], k: int, size: int) -> None:
-        """Pad image, live rows, then the vector bounds checks; raises before anything reaches the slab."""
-        image = self._images[k]
-        image[: self._image_end] = self._pad_image
-        for p in prepared:
-            slot, src, _, n, width = p
-            t = slot.targets[k]
-            if not slot.in_image:
-                self._assemble(p, t)
-                continue
-            if src is None:
-                continue  # a device source: its live rows are copied on the device after the upload
-            if slot.bf16:
-                src = torch.from_numpy(np.ascontiguousarray(src)).to(torch.bfloat16).view(torch.int16).numpy()
-            if t.ndim == 1:
-                t[:n] = src
-            else:
-                t[:n, :width] = src
-            if slot.repeat_last and n:
-                t[n:] = t[n - 1]
-        for region, lo, span, diff, over in self._checks[k]:
-            np.subtract(region, lo, out=diff)
-            if np.count_nonzero(np.greater(diff, span, out=over)):
-                self._raise_bounds(prepared, size)
+    def _place(self, p: _Prepared, k: int) -> None:
+        """Write one slow-path source into host image ``k`` (the fast path writes its own inline)."""
+        slot, src, _, n, width = p
+        t = slot.targets[k]
+        if not slot.in_image:
+            self._assemble(p, t)  # keep buffers lie outside the pad image: write their pads too
+            return
+        if src is None:
+            return  # a device source: its live rows are copied on the device after the upload
+        if slot.bf16:
+            src = torch.from_numpy(np.ascontiguousarray(src)).to(torch.bfloat16).view(torch.int16).numpy()
+        if t.ndim == 1:
+            t[:n] = src
+        else:
+            t[:n, :width] = src
+        if slot.repeat_last and n:
+            t[n:] = t[n - 1]
 
     def _raise_bounds(self, prepared: list[_Prepared], size: int) -> None:
         for slot, src, _, _, _ in prepared:
@@ -597,11 +611,7 @@ class Refresher:
 
     # Phase 3: one host-to-device upload, then device-to-device copies.
 
-    def _write_device(self, prepared: list[_Prepared], live: int, size: int) -> int:
-        k = self._turn
-        if self._events[k] is not None:
-            self._events[k].synchronize()  # the upload that last read this staging copy has finished
-        self._build_image(prepared, k, size)
+    def _write_device(self, prepared: list[_Prepared], live: int, k: int) -> int:
         self._turn ^= 1
         staged = self._staging[k]
         for lo, hi in self._spans(prepared):
