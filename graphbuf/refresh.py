@@ -76,7 +76,11 @@ _Prepared = tuple[_Slot, np.ndarray | None, torch.Tensor | None, int, int]
 
 
 class Refresher:
-    """Writes sources into the buffers of one slab (built by :class:`graphbuf.StaticBuffers`)."""
+    """Writes sources into the buffers of one slab (built by :class:`graphbuf.StaticBuffers`).
+
+    ``staged``: assemble in two alternating staging copies and upload from them, as on an accelerator
+    (default: exactly when the slab is not on the cpu). Tests set it to run the upload path on a cpu slab.
+    """
 
     def __init__(
         self,
@@ -85,18 +89,20 @@ class Refresher:
         device_views: Mapping[str, torch.Tensor],
         *,
         strict: bool = False,
+        staged: bool | None = None,
     ) -> None:
         self.plan = plan
         self.device = slab.device
         self.strict = strict
-        self.on_host = slab.device.type == "cpu"
+        self.on_host = slab.device.type == "cpu" if staged is None else not staged
         self._slab = slab
         if self.on_host:
             self._images = [np.empty(slab.numel(), dtype=np.uint8)]
             self._slab_np = slab.numpy()
             self._staging: list[torch.Tensor] = []
         else:
-            self._staging = [torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+            pin = slab.device.type != "cpu"  # pinned host memory is what makes the upload asynchronous
+            self._staging = [torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
             self._images = [s.numpy() for s in self._staging]
         self._events: list[Any] = [None, None]
         self._turn = 0
