@@ -594,15 +594,35 @@ def test_bad_envelope_raises_spec_error(
         builder.build(0, Runner().common(av1, [3, 3], "SpecDecoding"))
 
 
-def test_decode_length_batch_under_mtp_cannot_run_in_a_full_graph(av1: Any, kernels: Any) -> None:
-    # With 2 speculative tokens graphbuf's buffers hold requests of 3 tokens; a 1-token batch does not fit.
-    metadata = make_builder(av1, spec_tokens=2).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+def test_decode_length_batch_under_mtp_routes_through_one_token_buffers(av1: Any, kernels: Any) -> None:
+    """With 2 speculative tokens the group's verify buffers hold 3-token requests; a 1-token decode batch
+    (an MTP drafter step, say) gets buffers planned for 1-token requests at the capture sizes that fit."""
+    builder = make_builder(av1, spec_tokens=2)  # capture sizes 3, 6, 12, 24, 48 tokens
+    metadata = builder.build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    route = getattr(metadata, patch.ROUTE_ATTR)
+    assert (route.q_len, route.size, route.num_reqs) == (1, 3, 2)
+    one_token = resolve.group_buffers(builder, q_len=1)
+    assert one_token.tokens_per_request == 1
+    assert one_token.capture_sizes == tuple(s for s in (3, 6, 12, 24, 48) if s <= MAX_NUM_SEQS)
+    assert route.block_table.data_ptr() == one_token.buffers.view(3)["block_table.full"].data_ptr()
+    assert resolve.group_buffers(builder).tokens_per_request == 3  # the verify buffers are separate
+    set_capturing(True)
+    run_layer(av1, make_impl(av1), metadata, num_tokens=3)
+    name, seen = kernels.calls[-1]
+    assert name == "decode" and seen["lens_values"][2] == 0  # the padded request is cleared
+
+
+def test_decode_length_batch_with_no_fitting_size_cannot_run_in_a_full_graph(av1: Any, kernels: Any) -> None:
+    # Capture sizes 3 and 6 tokens hold 1-token batches of 3 and 6 requests: above max_num_seqs = 2.
+    builder = make_builder(av1, spec_tokens=2, capture_sizes=[3, 6], max_num_seqs=2)
+    metadata = builder.build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
     route = getattr(metadata, patch.ROUTE_ATTR)
     assert route.q_len is None and route.block_table is None
+    assert resolve.group_buffers(builder, q_len=1) is None
     run_layer(av1, make_impl(av1), metadata, num_tokens=2)  # eager: the original path
     assert original_calls(av1, "forward_impl") == [512]
     set_capturing(True)
-    with pytest.raises(CaptureError, match="query length is 1, but graphbuf's buffers hold requests of 3"):
+    with pytest.raises(CaptureError, match="no capture size holds 2 tokens of 1-token requests"):
         run_layer(av1, make_impl(av1), metadata, num_tokens=2)
     assert kernels.calls == []
 

@@ -8,9 +8,11 @@ Routing rule.
    quantization is off and attention is causal. This depends on the group only, never on the batch.
 2. Batches. A batch of a routed group larger than every capture size is never graph-captured: it gets no
    ``Route``. Any other batch gets one. ``Route.q_len`` is the query length of a pure uniform decode batch:
-   no prefill request and every real request with the same query length, equal to the group's graphbuf
-   ``tokens_per_request`` (1 + num_speculative_tokens: 1 is decode, more is MTP verify); otherwise None,
-   with ``Route.reason`` saying why.
+   no prefill request and every real request with the same query length, 1 (decode) or the group's
+   graphbuf ``tokens_per_request`` (1 + num_speculative_tokens, MTP verify); otherwise None, with
+   ``Route.reason`` saying why. With MTP on, 1-token decode batches use buffers of their own, planned for
+   1-token requests at the capture sizes that can hold them (at most ``max_num_seqs`` requests); if none
+   can, the route has q_len None.
 3. Calls. ``AscendAttentionBackendImpl.forward_impl`` goes to graphbuf (``large_head.decode_attention`` for
    q_len 1, ``large_head.verify_attention`` for q_len > 1) when its metadata carries a ``Route`` and the
    forward runs inside a full ACL graph (vllm-ascend's forward context says ``capturing`` or vLLM's
@@ -23,8 +25,9 @@ Routing rule.
    updated.
 
 Tensors handed to graphbuf's kernels are graphbuf's own captured buffers, never the runner's. Each routed
-builder owns one ``graphbuf.StaticBuffers`` (``resolve.py``: the shipped ``gemma4-31b-it-mtp`` spec reduced
-to ``block_table.full`` and ``seq_lens``, capture sizes from ``compilation_config.cudagraph_capture_sizes``,
+builder owns a ``graphbuf.StaticBuffers`` per query length (``resolve.py``: the shipped
+``gemma4-31b-it-mtp`` spec reduced to ``block_table.full`` and ``seq_lens``, capture sizes from
+``compilation_config.cudagraph_capture_sizes``,
 constants from the vLLM config; a bad envelope raises ``SpecError`` on the group's first build). For a
 routed uniform batch, ``build`` picks the smallest capture size holding ``num_actual_tokens`` and refreshes
 that size's buffers from the runner's ``block_table_tensor`` and device ``seq_lens`` (the first
@@ -235,15 +238,18 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     if q_len is None:
         return Route(
             q_len=None,
-            reason=f"the batch is not a pure uniform decode batch of query length {tpr} "
+            reason=f"the batch is not a pure uniform decode batch of query length 1 or {tpr} "
             "(1 + num_speculative_tokens)",
         )
-    if q_len != tpr:
-        return Route(
-            q_len=None,
-            reason=f"the batch's query length is {q_len}, but graphbuf's buffers hold requests of "
-            f"{tpr} tokens (tokens_per_request = 1 + num_speculative_tokens)",
-        )
+    if q_len != tpr:  # a 1-token decode batch of an MTP group: buffers planned for 1-token requests
+        buffers = resolve.group_buffers(builder, block_table.device if device is None else device, q_len)
+        size = None if buffers is None else buffers.capture_size(num_tokens)
+        if size is None:
+            return Route(
+                q_len=None,
+                reason=f"no capture size holds {num_tokens} tokens of {q_len}-token requests within "
+                "max_num_seqs",
+            )
     num_reqs = getattr(common_attn_metadata, "num_reqs", None)
     num_reqs = num_tokens // q_len if num_reqs is None else int(num_reqs)
     views = buffers.resolve(size, block_table, seq_lens, num_reqs)

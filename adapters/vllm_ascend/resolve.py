@@ -108,18 +108,31 @@ def capture_sizes(vllm_config: Any) -> list[Any]:
     return list(sizes)
 
 
-def routed_spec(vllm_config: Any, kv_cache_spec: Any) -> tuple[GraphSpec, dict[str, int]]:
+def routed_spec(
+    vllm_config: Any, kv_cache_spec: Any, q_len: int | None = None
+) -> tuple[GraphSpec, dict[str, int]] | None:
     """The validated variant spec of a routed group (see the module docstring) and its overrides.
 
-    Raises :class:`SpecError` naming the field and the vLLM setting behind it when the envelope is invalid.
+    ``q_len``: plan for requests of this many query tokens instead of ``1 + num_speculative_tokens`` (a
+    1-token decode batch of a group whose verify batches carry MTP tokens); then only the capture sizes that
+    can hold such a batch are kept (multiples of ``q_len`` of at most ``max_num_seqs`` requests), and None is
+    returned if none can. Raises :class:`SpecError` naming the field and the vLLM setting behind it when the
+    envelope is invalid.
     """
     base = _base_spec()
     overrides = spec_overrides(vllm_config, kv_cache_spec)
+    sizes = capture_sizes(vllm_config)
+    if q_len is not None:
+        overrides["num_speculative_tokens"] = q_len - 1
+        max_seqs = overrides.get("max_num_seqs", base.constants.get("max_num_seqs"))
+        sizes = [s for s in sizes if s % q_len == 0 and (max_seqs is None or s // q_len <= max_seqs)]
+        if not sizes:
+            return None
     variant = base.model_copy(
         update={
             "groups": [GROUP],
             "buffers": {name: base.buffers[name] for name in ("block_table", "seq_lens")},
-            "capture": base.capture.model_copy(update={"sizes": capture_sizes(vllm_config)}),
+            "capture": base.capture.model_copy(update={"sizes": sizes}),
             "tasks": [],  # the drill's tasks; nothing here runs them
         }
     )
@@ -168,13 +181,18 @@ class GroupBuffers:
         return views[BLOCK_TABLE], views[SEQ_LENS]
 
 
-def group_buffers(builder: Any, device: str | torch.device | None = None) -> GroupBuffers:
-    """The builder's :class:`GroupBuffers`, created on first use from ``builder.vllm_config`` and
-    ``builder.kv_cache_spec`` on ``device`` (default ``builder.device``), then kept on the builder."""
-    cached = builder.__dict__.get(_CACHE_ATTR)
-    if cached is None:
-        spec, overrides = routed_spec(getattr(builder, "vllm_config", None), builder.kv_cache_spec)
+def group_buffers(
+    builder: Any, device: str | torch.device | None = None, q_len: int | None = None
+) -> GroupBuffers | None:
+    """The builder's :class:`GroupBuffers` for requests of ``q_len`` query tokens (default: the spec's
+    ``1 + num_speculative_tokens``), created on first use from ``builder.vllm_config`` and
+    ``builder.kv_cache_spec`` on ``device`` (default ``builder.device``), then kept on the builder. None when
+    no capture size can hold a batch of ``q_len``-token requests."""
+    cache = builder.__dict__.setdefault(_CACHE_ATTR, {})
+    if q_len not in cache:
+        planned = routed_spec(getattr(builder, "vllm_config", None), builder.kv_cache_spec, q_len)
         where = device if device is not None else getattr(builder, "device", None)
-        cached = GroupBuffers(spec, overrides, where if where is not None else "cpu")
-        builder.__dict__[_CACHE_ATTR] = cached
-    return cached
+        cache[q_len] = (
+            None if planned is None else GroupBuffers(*planned, where if where is not None else "cpu")
+        )
+    return cache[q_len]
