@@ -60,9 +60,8 @@ class _Slot:
     capacity: dict[int, tuple[int, int]]  # capture size → (rows, cols); cols 0 for 1-D
     requests_of_rows: dict[int, int] | None  # live rows → live requests; None: rows don't depend on them
     rows_of_requests: tuple[int, ...] | None
-    targets: list[
-        np.ndarray
-    ]  # full-allocation views of each host image (one on cpu, two staging copies else)
+    # Full-allocation views of each host image (one on cpu, two staging copies on an accelerator).
+    targets: list[np.ndarray]
     device_view: torch.Tensor  # full allocation on the device
     lo: int | None
     hi: int | None
@@ -521,7 +520,7 @@ class Refresher:
         for region, lo, span, diff, over in self._checks[k]:
             np.subtract(region, lo, out=diff)
             if np.count_nonzero(np.greater(diff, span, out=over)):
-                self._raise_bounds(prepared, size)
+                self._raise_bounds(prepared, size, k)
         if self.on_host:
             slab = self._slab_np
             for lo, hi in self._spans(prepared):
@@ -599,12 +598,12 @@ class Refresher:
         if slot.repeat_last and n:
             t[n:] = t[n - 1]
 
-    def _raise_bounds(self, prepared: list[_Prepared], size: int) -> None:
+    def _raise_bounds(self, prepared: list[_Prepared], size: int, k: int) -> None:
         for slot, src, _, _, _ in prepared:
             if src is not None and src.size:
                 self._check_values_host(slot, src, slot.plan.name, size)
         for slot in self._order:  # unreachable with a checked spec (pads lie within bounds); name the buffer
-            b, view = slot.plan, slot.targets[0]
+            b, view = slot.plan, slot.targets[k]
             if (
                 slot.in_image
                 and view.size

@@ -137,6 +137,7 @@ class GraphRunner:
         self.stats = RunnerStats()
         rules = (output_rows,) if isinstance(output_rows, str) else tuple(output_rows)
         self._output_rows = tuple(parse_expr(r) for r in rules)
+        self._rows_memo: dict[int, list[int]] = {}
         self._graphs: dict[int, _Captured] = {}
         self._tpr = buffers.plan.tokens_per_request
         self._max_requests = buffers.capture_sizes[-1] // self._tpr
@@ -264,12 +265,14 @@ class GraphRunner:
         return out
 
     def _live_rows(self, output: Output, live: int) -> Output:
-        env = {**self.buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
-        rows = [rule.eval(env) for rule in self._output_rows]
+        rows = self._rows_memo.get(live)
+        if rows is None:  # evaluated once per live request count, not on every replay
+            env = {**self.buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
+            rows = self._rows_memo[live] = [rule.eval(env) for rule in self._output_rows]
         if isinstance(output, torch.Tensor):
             return output[: rows[0]]
         if len(rows) == 1:
-            rows *= len(output)
+            rows = rows * len(output)
         if len(rows) != len(output):
             raise ValueError(f"output_rows has {len(rows)} rules for {len(output)} outputs")
         return tuple(o[:n] for o, n in zip(output, rows))
