@@ -1,8 +1,8 @@
 """graphbuf: declarative, address-stable capture/replay buffers for CUDA and Ascend NPU graphs.
 
 The data path, top-down: spec (:mod:`graphbuf.spec`) → plan (:mod:`graphbuf.planner`) → buffers
-(:mod:`graphbuf.buffers`) → refresh (:mod:`graphbuf.refresh`) → graph (:mod:`graphbuf.graph`) → runner
-(:mod:`graphbuf.runner`).
+(:mod:`graphbuf.buffers`) → refresh (:mod:`graphbuf.refresh`; sources bound once: :mod:`graphbuf.bound`)
+→ graph (:mod:`graphbuf.graph`) → runner (:mod:`graphbuf.runner`).
 
 Importing ``graphbuf`` itself imports only the standard library; each public name loads its module on first
 use, so light entry points (the vLLM plugin) stay light.
@@ -31,6 +31,7 @@ _EXPORTS = {
     "Plan": "graphbuf.planner",
     "plan": "graphbuf.planner",
     "StaticBuffers": "graphbuf.buffers",
+    "BoundSources": "graphbuf.bound",
     "Graph": "graphbuf.graph",
     "CapturedTask": "graphbuf.tasks",
     "TaskKind": "graphbuf.tasks",
@@ -41,6 +42,7 @@ _EXPORTS = {
 
 __all__ = [
     "AddressChangedError",
+    "BoundSources",
     "BufferPlan",
     "CaptureError",
     "CapturedTask",
@@ -78,6 +80,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from graphbuf.bound import BoundSources
     from graphbuf.buffers import StaticBuffers
     from graphbuf.errors import (
         AddressChangedError,

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+import numpy as np
 import torch
 
+from graphbuf.bound import BoundSources
 from graphbuf.planner import Plan, plan
 from graphbuf.refresh import Refresher, Source
 from graphbuf.spec import GraphSpec
@@ -125,6 +127,15 @@ class StaticBuffers:
         ``[:n, w:]`` and rows ``[n:]`` equal the pad value (``repeat_last``: the last live row).
         """
         return self._refresher.refresh(size, sources, num_requests=num_requests, strict=strict)
+
+    def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
+        """Bind persistent host ``sources`` once; refresh them by request count with
+        :meth:`BoundSources.refresh` (see :mod:`graphbuf.bound`).
+
+        Each bound source must keep its address for as long as it is bound; every buffer not declared
+        ``keep: true`` must be bound.
+        """
+        return BoundSources(self, sources)
 
     def __repr__(self) -> str:
         return (

@@ -114,10 +114,11 @@ class Refresher:
         self._per_group = {b.spec_name for b in plan.buffers if b.group is not None}
         required = [s.plan for s in self._order if not s.plan.keep]
         self._image_end = max((b.offset + b.nbytes for b in required), default=0)
+        self._image_span = self.spans_of(frozenset())
         self._pad_image = self._make_pad_image()
         self._checks = [
             [
-                (img[start:end].view(udtype), lo, span, np.empty_like(lo), np.empty(lo.shape, dtype=bool))
+                (img[start:end].view(udtype), lo, span, np.empty_like(span), np.empty(span.shape, dtype=bool))
                 for start, end, udtype, lo, span in self._make_checks()
             ]
             for img in self._images
@@ -131,10 +132,10 @@ class Refresher:
                 image[b.offset : b.offset + b.nbytes].view(slot.np_dtype)[:] = slot.pad
         return image
 
-    def _make_checks(self) -> list[tuple[int, int, np.dtype, np.ndarray, np.ndarray]]:
+    def _make_checks(self) -> list[tuple[int, int, np.dtype, np.ndarray | None, np.ndarray]]:
         """Per run of same-dtype integer buffers in the image that declare bounds: the byte range, the
-        unsigned element dtype, and per-element lower bound and allowed span. In unsigned arithmetic
-        ``x - lo <= span`` tests both bounds with one subtract and one compare."""
+        unsigned element dtype, and per-element lower bound (None: all 0) and allowed span. In unsigned
+        arithmetic ``x - lo <= span`` tests both bounds with one subtract and one compare."""
         checks = []
         slots = [s for s in self._order if s.in_image]
         i = 0
@@ -159,7 +160,14 @@ class Refresher:
                 lo[a:z] = dmin if s.lo is None else max(dmin, s.lo)
                 hi[a:z] = dmax if s.hi is None else min(dmax, s.hi)
             span = (hi.view(udtype) - lo.view(udtype)).astype(udtype)
-            checks.append((start, end, udtype, lo.view(udtype), span))
+            lo_u = lo.view(udtype).copy()
+            # Elements that take any value (alignment gaps, unbounded buffers) as lo 0 and the widest span,
+            # so a run whose other lower bounds are 0 compares its unsigned view directly, skipping the
+            # subtract (negatives wrap high).
+            unbounded = (lo == dmin) & (hi == dmax)
+            lo_u[unbounded] = 0
+            span[unbounded] = np.iinfo(udtype).max
+            checks.append((start, end, udtype, lo_u if lo_u.any() else None, span))
         return checks
 
     def _make_slot(self, b: BufferPlan, blobs: list[np.ndarray], dev: torch.Tensor, tpr: int) -> _Slot:
@@ -213,10 +221,12 @@ class Refresher:
     # ------------------------------------------------------------------------------------------------------
     # Phase 1: validation. Nothing below writes memory.
 
-    def _fail(self, cls: type[RefreshError], name: str, size: int, msg: str) -> RefreshError:
-        return cls(f"refresh(size={size}): buffer {name!r}: {msg}")
+    def _fail(self, cls: type[RefreshError], name: str, size: int | str, msg: str) -> RefreshError:
+        """``size``: the capture size being refreshed, or the name of the call (``"bind()"``)."""
+        where = f"refresh(size={size})" if isinstance(size, int) else size
+        return cls(f"{where}: buffer {name!r}: {msg}")
 
-    def _prepare(self, name: str, src: Any, size: int, strict: bool) -> _Prepared:
+    def _slot(self, size: int | str, name: str) -> _Slot:
         slot = self._slots.get(name)
         if slot is None:
             if name in self._per_group:
@@ -225,6 +235,10 @@ class Refresher:
                     RefreshError, name, size, f"is declared per group; pass each group's buffer: {names}"
                 )
             raise self._fail(RefreshError, name, size, f"unknown buffer; known: {', '.join(self._slots)}")
+        return slot
+
+    def _prepare(self, name: str, src: Any, size: int, strict: bool) -> _Prepared:
+        slot = self._slot(size, name)
         b = slot.plan
         host: np.ndarray | None = None
         dev: torch.Tensor | None = None
@@ -323,7 +337,7 @@ class Refresher:
                 f"dtype {_dtype_name(dtype)} cannot be cast safely to {_dtype_name(slot.plan.dtype)}",
             )
 
-    def _check_layout(self, slot: _Slot, arr: np.ndarray, name: str, size: int) -> None:
+    def _check_layout(self, slot: _Slot, arr: np.ndarray, name: str, size: int | str) -> None:
         if arr.ndim != slot.plan.ndim:
             raise self._fail(
                 RefreshError, name, size, f"expected {slot.plan.ndim}-D source, got shape {list(arr.shape)}"
@@ -338,7 +352,7 @@ class Refresher:
                 "with contiguous elements (a transposed source is a layout bug)",
             )
 
-    def _check_typed(self, slot: _Slot, arr: np.ndarray, name: str, size: int) -> None:
+    def _check_typed(self, slot: _Slot, arr: np.ndarray, name: str, size: int | str) -> None:
         if slot.bf16:
             ok = arr.dtype in (np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.int8))
         else:
@@ -459,13 +473,7 @@ class Refresher:
             sizes = ", ".join(map(str, self.plan.capture_sizes))
             raise RefreshError(f"refresh(size={size}): not a capture size; sizes: {sizes}")
         strict = self.strict if strict is None else strict
-        # The host image is scratch: sources are placed into it while they are validated, and nothing
-        # reaches the buffers before every source and bound has passed.
-        k = self._turn
-        if self._events[k] is not None:
-            self._events[k].synchronize()  # the upload that last read this staging copy has finished
-        image = self._images[k]
-        image[: self._image_end] = self._pad_image
+        k = self._begin()
         prepared = []
         slots = self._slots
         fast_given = (
@@ -517,16 +525,83 @@ class Refresher:
                 "'keep: true' may be omitted"
             )
         live = self._live_requests(prepared, size, num_requests)
+        if not self._image_in_bounds(k):
+            self._raise_bounds(prepared, size, k)
+        if len(prepared) == len(self._required):
+            spans = self._image_span
+        else:
+            spans = self.spans_of({p[0].plan.name for p in prepared})
+        self._commit(k, spans, prepared)
+        return live
+
+    # The steps every refresh shares (the bound-source refresh of :mod:`graphbuf.bound` too).
+
+    def _begin(self) -> int:
+        """Claim host image ``k`` and reset it to the pad image; return ``k``.
+
+        The image is scratch: sources are placed into it while they are validated, and nothing reaches
+        the buffers before every source and bound has passed (:meth:`_commit`).
+        """
+        k = self._turn
+        if self._events[k] is not None:
+            self._events[k].synchronize()  # the upload that last read this staging copy has finished
+        self._images[k][: self._image_end] = self._pad_image
+        return k
+
+    def _image_in_bounds(self, k: int) -> bool:
+        """One vector pass per dtype run of image ``k``: every value within its buffer's min/max."""
         for region, lo, span, diff, over in self._checks[k]:
-            np.subtract(region, lo, out=diff)
-            if np.count_nonzero(np.greater(diff, span, out=over)):
-                self._raise_bounds(prepared, size, k)
+            if lo is not None:
+                region = np.subtract(region, lo, out=diff)
+            np.greater(region, span, out=over)
+            if over.tobytes().find(1) >= 0:  # cheaper than count_nonzero or any() on a few KiB
+                return False
+        return True
+
+    def spans_of(self, names: set[str] | frozenset[str]) -> list[tuple[int, int]]:
+        """Byte ranges of the image a refresh writing ``names`` copies out: every non-keep buffer (the pad
+        image) plus the given keep buffers, merged where adjacent."""
+        written = set(names) | self._required
+        spans: list[tuple[int, int]] = []
+        open_lo = None
+        end = 0
+        for slot in self._order:
+            b = slot.plan
+            if b.name in written:
+                if open_lo is None:
+                    open_lo = b.offset
+                end = b.offset + b.nbytes
+            elif open_lo is not None:
+                spans.append((open_lo, end))
+                open_lo = None
+        if open_lo is not None:
+            spans.append((open_lo, end))
+        return spans
+
+    def _commit(self, k: int, spans: list[tuple[int, int]], prepared: Sequence[_Prepared] = ()) -> None:
+        """Phase 3: write image ``k``'s ``spans`` into the slab, then the device-resident ``prepared``."""
         if self.on_host:
-            slab = self._slab_np
-            for lo, hi in self._spans(prepared):
+            slab, image = self._slab_np, self._images[k]
+            for lo, hi in spans:
                 slab[lo:hi] = image[lo:hi]
-            return live
-        return self._write_device(prepared, live, k)
+            return
+        self._turn ^= 1
+        staged = self._staging[k]
+        for lo, hi in spans:
+            self._slab[lo:hi].copy_(staged[lo:hi], non_blocking=True)
+        for slot, _, dev, n, width in prepared:
+            if dev is None:
+                continue
+            view = slot.device_view
+            if view.dim() == 1:
+                view[:n].copy_(dev, non_blocking=True)
+            else:
+                view[:n, :width].copy_(dev, non_blocking=True)
+            if slot.repeat_last and n:
+                view[n:].copy_(view[n - 1].expand_as(view[n:]))
+        event = getattr(torch, self.device.type).Event()
+        event.record()
+        self._events[k] = event
 
     def _live_requests(self, prepared: list[_Prepared], size: int, num_requests: int | None) -> int:
         cap_requests = size // self.plan.tokens_per_request
@@ -613,46 +688,3 @@ class Refresher:
                     RefreshError, b.name, size, f"a padded value lies outside min/max of {b.name}"
                 )
         raise RefreshError(f"refresh(size={size}): a value is outside its buffer's min/max bounds")
-
-    # Phase 3: one host-to-device upload, then device-to-device copies.
-
-    def _write_device(self, prepared: list[_Prepared], live: int, k: int) -> int:
-        self._turn ^= 1
-        staged = self._staging[k]
-        for lo, hi in self._spans(prepared):
-            self._slab[lo:hi].copy_(staged[lo:hi], non_blocking=True)
-        for slot, _, dev, n, width in prepared:
-            if dev is None:
-                continue
-            view = slot.device_view
-            if view.dim() == 1:
-                view[:n].copy_(dev, non_blocking=True)
-            else:
-                view[:n, :width].copy_(dev, non_blocking=True)
-            if slot.repeat_last and n:
-                view[n:].copy_(view[n - 1].expand_as(view[n:]))
-        event = getattr(torch, self.device.type).Event()
-        event.record()
-        self._events[k] = event
-        return live
-
-    def _spans(self, prepared: list[_Prepared]) -> list[tuple[int, int]]:
-        """Byte ranges to copy out of the image: the pad image's range, plus runs of given keep buffers."""
-        if len(prepared) == len(self._required):
-            return [(0, self._image_end)]
-        written = {p[0].plan.name for p in prepared} | self._required
-        spans: list[tuple[int, int]] = []
-        open_lo = None
-        end = 0
-        for slot in self._order:
-            b = slot.plan
-            if b.name in written:
-                if open_lo is None:
-                    open_lo = b.offset
-                end = b.offset + b.nbytes
-            elif open_lo is not None:
-                spans.append((open_lo, end))
-                open_lo = None
-        if open_lo is not None:
-            spans.append((open_lo, end))
-        return spans

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from graphbuf.bound import BoundSources
 from graphbuf.buffers import StaticBuffers
 from graphbuf.errors import AddressChangedError, RefreshError
 from graphbuf.expr import parse_expr
@@ -203,9 +204,11 @@ class GraphRunner:
                     "restrided instead of refreshed in place"
                 )
 
-    def _live_requests(self, sources: Mapping[str, Any], num_requests: int | None) -> int:
+    def _live_requests(self, sources: Mapping[str, Any] | BoundSources, num_requests: int | None) -> int:
         if num_requests is not None:
             return num_requests
+        if isinstance(sources, BoundSources):
+            raise RefreshError("run(): bound sources carry no row counts; pass num_requests=")
         p = self.buffers.plan
         for name, src in sources.items():
             if name in p.names and p[name].rows.names & {"tokens", "requests"}:
@@ -216,12 +219,24 @@ class GraphRunner:
 
     def run(
         self,
-        sources: Mapping[str, Any],
+        sources: Mapping[str, Any] | BoundSources,
         *,
         num_requests: int | None = None,
+        widths: Mapping[str, int] | None = None,
         host_args: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Output:
-        """Run one step for the live batch described by ``sources``; return the live output rows."""
+        """Run one step for the live batch described by ``sources``; return the live output rows.
+
+        ``sources``: a mapping as :meth:`StaticBuffers.refresh` takes, or :class:`BoundSources` bound to
+        this runner's buffers; then ``num_requests`` is required and ``widths`` gives 2-D live widths.
+        """
+        bound = isinstance(sources, BoundSources)
+        if bound and sources.buffers is not self.buffers:
+            raise RefreshError("run(): these bound sources belong to other StaticBuffers than the runner's")
+        if widths is not None and not bound:
+            raise RefreshError(
+                "run(): widths= applies to BoundSources; a mapping's sources carry their widths"
+            )
         live = self._live_requests(sources, num_requests)
         host_args = {str(kind): args for kind, args in (host_args or {}).items()}
         size = self.size_for(live)
@@ -233,10 +248,15 @@ class GraphRunner:
         elif size not in self._graphs:
             reason = EAGER_CAPTURE_FAILED
         if reason is not None:
-            return self._eager(sources, live, host_args, reason)
+            if bound:
+                sources = sources.sources(live, widths)  # type: ignore[union-attr]
+            return self._eager(sources, live, host_args, reason)  # type: ignore[arg-type]
 
         t0 = time.perf_counter()
-        self.buffers.refresh(size, sources, num_requests=live)
+        if bound:
+            sources.refresh(size, live, widths=widths)  # type: ignore[union-attr]
+        else:
+            self.buffers.refresh(size, sources, num_requests=live)  # type: ignore[arg-type]
         self.stats.refresh_s.append(time.perf_counter() - t0)
         self.check_addresses(size)
         captured = self._graphs[size]
