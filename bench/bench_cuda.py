@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SPEC, compare, render_table, step_sources, write_json
+from common import SPEC, compare, render_table, step_buffers, step_sources, write_json
 
 from graphbuf.adapters.vllm_ascend.binding import Gemma4AttentionTask
 from graphbuf.buffers import StaticBuffers
@@ -49,8 +49,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def count_copies(bufs: StaticBuffers, size: int, sources: dict[str, torch.Tensor], k: int) -> dict[str, Any]:
-    """Profile ``k`` refreshes; return copy counts per refresh (device activities and runtime calls)."""
+def count_copies(bufs: StaticBuffers, refresh: Callable[[], object], k: int) -> dict[str, Any]:
+    """Profile ``k`` calls of ``refresh`` (one refresh of ``bufs``); return copy counts per refresh (device
+    activities and runtime calls)."""
     from torch.profiler import ProfilerActivity, profile
 
     device = bufs.device
@@ -58,11 +59,11 @@ def count_copies(bufs: StaticBuffers, size: int, sources: dict[str, torch.Tensor
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     for _ in range(3):
-        bufs.refresh(size, sources)
+        refresh()
     _sync(device)
     with profile(activities=activities) as prof:
         for _ in range(k):
-            bufs.refresh(size, sources)
+            refresh()
         _sync(device)
     events = list(prof.events())
     ranges = [(e.time_range.start, e.time_range.end) for e in events if e.name == "graphbuf.refresh"]
@@ -109,18 +110,28 @@ def _refresh_part(p: Plan, device: torch.device, sizes: Sequence[int], quick: bo
     for size in sizes:
         req = size // tpr
         for fill, live in (("full", req), ("half", -(-req // 2))):
-            src = step_sources(p, live, rng, pin_memory=pin)
+            step = step_buffers(p, live, rng, pin_memory=pin)
+            src = step.sources
+            bound = bufs.bind(step.persistent)
+
+            def by_bound(s: int = size, b: Any = bound, st: Any = step) -> None:
+                b.refresh(s, st.live, widths=st.widths)
+
+            by_bound()
+            _sync(device)
+            _check_contents(p, bufs, size, src)
             bufs.refresh(size, src)
             _sync(device)
             _check_contents(p, bufs, size, src)
-            copies = count_copies(bufs, size, src, k=10 if quick else 50)
+            copies = count_copies(bufs, lambda s=size, x=src: bufs.refresh(s, x), k=10 if quick else 50)
+            bound_copies = count_copies(bufs, by_bound, k=10 if quick else 50)
 
             def synced(s: int = size, x: dict = src) -> None:
                 bufs.refresh(s, x)
                 _sync(device)
 
             t = compare(
-                {"host": lambda s=size, x=src: bufs.refresh(s, x), "synced": synced},
+                {"host": lambda s=size, x=src: bufs.refresh(s, x), "bound": by_bound, "synced": synced},
                 iters=200 if quick else 2000,
             )
             _sync(device)
@@ -130,6 +141,8 @@ def _refresh_part(p: Plan, device: torch.device, sizes: Sequence[int], quick: bo
                     "fill": fill,
                     "live_requests": live,
                     "refresh_host_us": round(t["host"], 2),
+                    "refresh_bound_host_us": round(t["bound"], 2),
+                    "bound_htod_copies_per_refresh": bound_copies["htod_copies_per_refresh"],
                     "refresh_synced_us": round(t["synced"], 2),
                     **copies,
                 }
@@ -245,8 +258,10 @@ def render(res: dict[str, Any]) -> str:
             r["fill"],
             r["live_requests"],
             r["refresh_host_us"],
+            r["refresh_bound_host_us"],
             r["refresh_synced_us"],
             r["htod_copies_per_refresh"],
+            r["bound_htod_copies_per_refresh"],
             r["memcpy_runtime_calls_per_refresh"],
             ", ".join(r["other_copy_activities"]) or "-",
         ]
@@ -269,7 +284,18 @@ def render(res: dict[str, Any]) -> str:
             render_table(
                 f"refresh on {res['device']}, {res['spec']}, pinned host sources "
                 "(median µs; copies per refresh)",
-                ["size", "batch", "live", "host µs", "+sync µs", "HtoD", "cudaMemcpyAsync", "other copies"],
+                [
+                    "size",
+                    "batch",
+                    "live",
+                    "host µs",
+                    "bound µs",
+                    "+sync µs",
+                    "HtoD",
+                    "HtoD bound",
+                    "cudaMemcpyAsync",
+                    "other copies",
+                ],
                 refresh,
             ),
             render_table(

@@ -2,10 +2,13 @@
 
 Usage: ``python bench/bench_refresh.py [--quick] [--json PATH] [--plot PNG]``.
 
-Three ways to write one decode step's host sources (torch CPU tensors, see ``common.step_sources``) into
+Three ways to write one decode step's host sources (torch CPU tensors, see ``common.step_buffers``) into
 the buffers a graph captured at a size, all on cpu:
 
-* graphbuf: ``StaticBuffers.refresh(size, sources)`` — validates every source, then writes.
+* graphbuf: ``StaticBuffers.refresh(size, sources)`` — validates every source, then writes. Measured from
+  the torch tensors (column "graphbuf"), from numpy views of the same memory ("gb(np)"), and from the
+  persistent buffers bound once with ``StaticBuffers.bind`` and refreshed by request count and live width
+  ("gb(bound)", the way vLLM's ``CpuGpuBuffer`` keeps its host side).
 * floor: the same copies and fills written by hand in plain torch, once per buffer (both block tables,
   seq_lens, query_start_loc, both slot mappings), with no validation at all.
 * baseline: per-layer resolution as the upstream fix does it — for each of the model's layers, copy that
@@ -30,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SPEC, compare, render_table, step_sources, write_json
+from common import SPEC, StepBuffers, compare, render_table, step_buffers, write_json
 
 from graphbuf.buffers import StaticBuffers
 from graphbuf.planner import Plan, plan
@@ -162,11 +165,16 @@ def _same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
         )
 
 
-def _check_identical(p: Plan, size: int, src: Sources, layers: int, where: str) -> None:
-    """Run all three variants once from poisoned memory and require identical captured contents."""
+def _check_identical(p: Plan, size: int, step: StepBuffers, layers: int, where: str) -> None:
+    """Run every variant once from poisoned memory and require identical captured contents."""
+    src = step.sources
     bufs = StaticBuffers(p, "cpu", poison=True)
     bufs.refresh(size, src)
     views = bufs.view(size)
+    bound = StaticBuffers(p, "cpu", poison=True)
+    bound.bind(step.persistent).refresh(size, step.live, widths=step.widths)
+    for name, t in bound.view(size).items():
+        _same(t, views[name], f"{where}: bound {name}")
     floor = Floor(p, size)
     floor(src)
     for name, t in floor.buffers().items():
@@ -188,22 +196,28 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
     for size in p.capture_sizes:
         req = size // tpr
         for fill, live in (("full", req), ("half", -(-req // 2))):
-            src = step_sources(p, live, rng)
-            _check_identical(p, size, src, layers, f"size {size} ({fill}, {live} live)")
+            step = step_buffers(p, live, rng)
+            src = step.sources
+            _check_identical(p, size, step, layers, f"size {size} ({fill}, {live} live)")
             floor = Floor(p, size)
             base = PerLayerBaseline(p, size, layers)
             # The same memory as numpy arrays: vLLM's CpuGpuBuffer keeps an `.np` view beside `.cpu`.
             src_np = {k: v.numpy() for k, v in src.items()}
+            bound = bufs.bind(step.persistent)
             t = compare(
                 {
                     "graphbuf": lambda s=size, x=src: bufs.refresh(s, x),
                     "graphbuf_np": lambda s=size, x=src_np: bufs.refresh(s, x),
+                    "graphbuf_bound": lambda s=size, b=bound, st=step: b.refresh(
+                        s, st.live, widths=st.widths
+                    ),
                     "floor": lambda x=src, f=floor: f(x),
                     "baseline": lambda x=src, b=base: b(x),
                 },
                 iters={
                     "graphbuf": fast_iters,
                     "graphbuf_np": fast_iters,
+                    "graphbuf_bound": fast_iters,
                     "floor": fast_iters,
                     "baseline": slow_iters,
                 },
@@ -215,25 +229,30 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
                     "width": int(src["block_table.full"].shape[1]),
                     "graphbuf_us": round(t["graphbuf"], 2),
                     "graphbuf_np_us": round(t["graphbuf_np"], 2),
+                    "graphbuf_bound_us": round(t["graphbuf_bound"], 2),
                     "floor_us": round(t["floor"], 2),
                     "baseline_us": round(t["baseline"], 2),
                     "baseline_layers": layers,
                     "ratio_baseline_over_graphbuf": round(t["baseline"] / t["graphbuf"], 2),
                     "ratio_baseline_over_graphbuf_np": round(t["baseline"] / t["graphbuf_np"], 2),
+                    "ratio_baseline_over_graphbuf_bound": round(t["baseline"] / t["graphbuf_bound"], 2),
                     "ratio_floor_over_graphbuf": round(t["floor"] / t["graphbuf"], 3),
                 }
             )
 
     # Layer sweep at the largest size, batch full: graphbuf on a spec variant with num_layers=L.
     size = p.capture_sizes[-1]
-    src = step_sources(p, size // tpr, rng)
+    step = step_buffers(p, size // tpr, rng)
+    src = step.sources
     calls = {}
     for n_layers in LAYER_COUNTS:
         pl = plan(SPEC, overrides={"num_blocks": NUM_BLOCKS, "num_layers": n_layers})
-        _check_identical(pl, size, src, n_layers, f"layers {n_layers}")
+        _check_identical(pl, size, step, n_layers, f"layers {n_layers}")
         b = StaticBuffers(pl, "cpu")
         base = PerLayerBaseline(pl, size, n_layers)
         calls[f"graphbuf/{n_layers}"] = lambda b=b: b.refresh(size, src)
+        bound = b.bind(step.persistent)
+        calls[f"bound/{n_layers}"] = lambda bd=bound: bd.refresh(size, step.live, widths=step.widths)
         calls[f"baseline/{n_layers}"] = lambda base=base: base(src)
     floor = Floor(p, size)
     calls["floor"] = lambda: floor(src)
@@ -243,20 +262,29 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
         {
             "layers": n,
             "graphbuf_us": round(t[f"graphbuf/{n}"], 2),
+            "graphbuf_bound_us": round(t[f"bound/{n}"], 2),
             "baseline_us": round(t[f"baseline/{n}"], 2),
             "ratio_baseline_over_graphbuf": round(t[f"baseline/{n}"] / t[f"graphbuf/{n}"], 2),
+            "ratio_baseline_over_graphbuf_bound": round(t[f"baseline/{n}"] / t[f"bound/{n}"], 2),
         }
         for n in LAYER_COUNTS
     ]
     all_rows = sizes["full"] + sizes["half"]
-    g60 = t[f"graphbuf/{layers}"] if layers in LAYER_COUNTS else t["graphbuf/60"]
+    ref = layers if layers in LAYER_COUNTS else 60
     summary = {
         "min_ratio_baseline_over_graphbuf": min(r["ratio_baseline_over_graphbuf"] for r in all_rows),
         "min_ratio_baseline_over_graphbuf_np": min(r["ratio_baseline_over_graphbuf_np"] for r in all_rows),
+        "min_ratio_baseline_over_graphbuf_bound": min(
+            r["ratio_baseline_over_graphbuf_bound"] for r in all_rows
+        ),
         "target_ratio_baseline_over_graphbuf": 50,
         "max_graphbuf_over_floor": round(max(r["graphbuf_us"] / r["floor_us"] for r in all_rows), 3),
+        "max_graphbuf_bound_over_floor": round(
+            max(r["graphbuf_bound_us"] / r["floor_us"] for r in all_rows), 3
+        ),
         "target_graphbuf_over_floor": 1.0,
-        "graphbuf_240_over_60": round(t["graphbuf/240"] / g60, 3),
+        "graphbuf_240_over_60": round(t["graphbuf/240"] / t[f"graphbuf/{ref}"], 3),
+        "graphbuf_bound_240_over_60": round(t["bound/240"] / t[f"bound/{ref}"], 3),
         "target_flatness": "within 15% (0.85 .. 1.15)",
         "sweep_size": size,
         "sweep_floor_us": round(t["floor"], 2),
@@ -282,10 +310,12 @@ def render(res: dict[str, Any]) -> str:
         "width",
         "graphbuf µs",
         "gb(np) µs",
+        "gb(bound) µs",
         "floor µs",
         f"baseline({layers}) µs",
         "base/gb",
         "base/gb(np)",
+        "base/gb(bound)",
         "floor/gb",
     ]
     for fill, what in (("full", "batch full"), ("half", "batch half full (padding exercised)")):
@@ -296,10 +326,12 @@ def render(res: dict[str, Any]) -> str:
                 r["width"],
                 r["graphbuf_us"],
                 r["graphbuf_np_us"],
+                r["graphbuf_bound_us"],
                 r["floor_us"],
                 r["baseline_us"],
                 r["ratio_baseline_over_graphbuf"],
                 r["ratio_baseline_over_graphbuf_np"],
+                r["ratio_baseline_over_graphbuf_bound"],
                 r["ratio_floor_over_graphbuf"],
             ]
             for r in res["sizes"][fill]
@@ -307,23 +339,32 @@ def render(res: dict[str, Any]) -> str:
         out.append(render_table(f"refresh, {res['spec']} on cpu, {what} (median µs)", headers, rows))
     s = res["summary"]
     rows = [
-        [r["layers"], r["graphbuf_us"], r["baseline_us"], r["ratio_baseline_over_graphbuf"]]
+        [
+            r["layers"],
+            r["graphbuf_us"],
+            r["graphbuf_bound_us"],
+            r["baseline_us"],
+            r["ratio_baseline_over_graphbuf"],
+            r["ratio_baseline_over_graphbuf_bound"],
+        ]
         for r in res["layers"]
     ]
     out.append(
         render_table(
             f"refresh vs layer count, size {s['sweep_size']}, batch full "
             f"(median µs; hand-written floor {s['sweep_floor_us']} µs)",
-            ["layers", "graphbuf µs", "baseline µs", "base/gb"],
+            ["layers", "graphbuf µs", "gb(bound) µs", "baseline µs", "base/gb", "base/gb(bound)"],
             rows,
         )
     )
     out.append(
-        f"summary: baseline/graphbuf min {s['min_ratio_baseline_over_graphbuf']}× from torch sources, "
-        f"{s['min_ratio_baseline_over_graphbuf_np']}× from numpy sources "
-        f"(target ≥ {s['target_ratio_baseline_over_graphbuf']}×); "
-        f"graphbuf/floor max {s['max_graphbuf_over_floor']} (target ≤ {s['target_graphbuf_over_floor']}); "
-        f"graphbuf 240 vs 60 layers {s['graphbuf_240_over_60']} (target {s['target_flatness']})"
+        f"summary: baseline/graphbuf min {s['min_ratio_baseline_over_graphbuf_bound']}× from bound sources, "
+        f"{s['min_ratio_baseline_over_graphbuf_np']}× from numpy sources, "
+        f"{s['min_ratio_baseline_over_graphbuf']}× from torch sources "
+        f"(target ≥ {s['target_ratio_baseline_over_graphbuf']}×); graphbuf/floor max "
+        f"{s['max_graphbuf_bound_over_floor']} bound, {s['max_graphbuf_over_floor']} torch sources "
+        f"(target ≤ {s['target_graphbuf_over_floor']}); 240 vs 60 layers {s['graphbuf_bound_240_over_60']} "
+        f"bound, {s['graphbuf_240_over_60']} torch sources (target {s['target_flatness']})"
     )
     return "\n\n".join(out)
 
@@ -341,7 +382,20 @@ def plot_layers(res: dict[str, Any], path: Path) -> Path:
     ax.plot(
         xs, [r["baseline_us"] for r in sweep], "o-", color="tab:red", label="per-layer baseline (plain torch)"
     )
-    ax.plot(xs, [r["graphbuf_us"] for r in sweep], "o-", color="tab:blue", label="graphbuf refresh")
+    ax.plot(
+        xs,
+        [r["graphbuf_us"] for r in sweep],
+        "o-",
+        color="tab:blue",
+        label="graphbuf refresh (torch sources)",
+    )
+    ax.plot(
+        xs,
+        [r["graphbuf_bound_us"] for r in sweep],
+        "o-",
+        color="tab:green",
+        label="graphbuf refresh (bound sources)",
+    )
     floor = res["summary"]["sweep_floor_us"]
     ax.axhline(floor, color="tab:gray", linestyle="--", label="hand-written floor (once per buffer)")
     ax.set_xscale("log", base=2)

@@ -16,6 +16,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,12 @@ from graphbuf.planner import Plan
 
 __all__ = [
     "SPEC",
+    "StepBuffers",
     "compare",
     "environment",
     "median_us",
     "render_table",
+    "step_buffers",
     "step_sources",
     "write_json",
 ]
@@ -110,6 +113,18 @@ def compare(
 # Sources
 
 
+@dataclass
+class StepBuffers:
+    """One decode step's host data: ``sources`` (live slices, what :meth:`StaticBuffers.refresh` takes),
+    the ``persistent`` buffers they are sliced from and the live block-table ``widths`` (what
+    :meth:`StaticBuffers.bind` and :meth:`BoundSources.refresh` take), and the ``live`` request count."""
+
+    sources: dict[str, torch.Tensor]
+    persistent: dict[str, torch.Tensor]
+    widths: dict[str, int]
+    live: int
+
+
 def step_sources(
     p: Plan,
     live: int,
@@ -118,7 +133,19 @@ def step_sources(
     max_len: int | None = None,
     pin_memory: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Host sources of one decode step of ``live`` requests, as vLLM's CPU-side input buffers hold them.
+    """The live sources of :func:`step_buffers` (same arguments)."""
+    return step_buffers(p, live, rng, max_len=max_len, pin_memory=pin_memory).sources
+
+
+def step_buffers(
+    p: Plan,
+    live: int,
+    rng: np.random.Generator,
+    *,
+    max_len: int | None = None,
+    pin_memory: bool = False,
+) -> StepBuffers:
+    """Host data of one decode step of ``live`` requests, as vLLM's CPU-side input buffers hold it.
 
     Each source is a torch CPU tensor sliced from a persistent buffer the size of the serving envelope
     (``max_num_seqs`` rows, the allocation's columns), so block tables are row-strided views exactly like
@@ -149,6 +176,7 @@ def step_sources(
         return t.pin_memory() if pin_memory else t
 
     out: dict[str, torch.Tensor] = {}
+    whole: dict[str, torch.Tensor] = {}
     tables: dict[str, np.ndarray] = {}
     for group in ("full", "sliding"):
         table = rng.integers(0, num_blocks, size=(live, width)).astype(np.int32)  # leftovers past need
@@ -161,21 +189,23 @@ def step_sources(
         tables[group] = table
         buf = persistent((max_rows, alloc_w), torch.int32)
         buf[:live, :width] = torch.from_numpy(table)
+        whole[f"block_table.{group}"] = buf
         out[f"block_table.{group}"] = buf[:live, :width]
-    seq = persistent((max_rows,), torch.int32)
+    seq = whole["seq_lens"] = persistent((max_rows,), torch.int32)
     seq[:live] = torch.from_numpy(lens)
     out["seq_lens"] = seq[:live]
-    qsl = persistent((max_rows + 1,), torch.int32)
+    qsl = whole["query_start_loc"] = persistent((max_rows + 1,), torch.int32)
     qsl[: live + 1] = torch.arange(live + 1, dtype=torch.int32) * tpr
     out["query_start_loc"] = qsl[: live + 1]
     rows = np.repeat(np.arange(live), tpr)
     pos = np.repeat(lens.astype(np.int64) - tpr, tpr) + np.tile(np.arange(tpr), live)
     for group, table in tables.items():
         slots = table[rows, pos // bs].astype(np.int64) * bs + pos % bs
-        buf = persistent((max_rows * tpr,), torch.int64)
+        buf = whole[f"slot_mapping.{group}"] = persistent((max_rows * tpr,), torch.int64)
         buf[: live * tpr] = torch.from_numpy(slots)
         out[f"slot_mapping.{group}"] = buf[: live * tpr]
-    return out
+    widths = {f"block_table.{group}": width for group in tables}
+    return StepBuffers(sources=out, persistent=whole, widths=widths, live=live)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 - A ``GraphSpec`` and a ``Plan`` are immutable (assigning any field raises) and may be shared freely.
 - ``load_spec``, ``plan`` and the CLI's ``main`` are reentrant: concurrent calls give equal results.
-- ``StaticBuffers``, ``Graph`` and ``GraphRunner`` are not thread-safe: one per thread. Per-thread objects
-  built from one shared Plan work concurrently (a capture on one thread records none of another thread's
-  ops); one object shared by several threads works only under an external lock.
+- ``StaticBuffers``, ``BoundSources``, ``Graph`` and ``GraphRunner`` are not thread-safe: one per thread.
+  Per-thread objects built from one shared Plan work concurrently (a capture on one thread records none of
+  another thread's ops); one object shared by several threads works only under an external lock.
 """
 
 from __future__ import annotations
@@ -157,6 +157,27 @@ def test_one_shared_runner_works_under_an_external_lock(shared_plan: Plan) -> No
 
     assert in_threads(work) == list(range(THREADS))
     assert runner.stats.replays == THREADS * 25
+
+
+def test_per_thread_bound_sources_and_runners_from_one_shared_plan(shared_plan: Plan) -> None:
+    def work(i: int) -> int:
+        bufs = StaticBuffers(shared_plan, "cpu")
+        runner = GraphRunner(bufs, step_fn(100.0 * i), output_rows="requests")
+        runner.capture()
+        table = np.zeros((12, 8), dtype=np.int32)  # this thread's persistent host buffers
+        lens = np.zeros(12, dtype=np.int32)
+        bound = bufs.bind({"block_table": table, "seq_lens": lens})
+        rng = np.random.default_rng(i)
+        for _ in range(25):
+            src = make_batch(int(rng.integers(1, 9)), rng)
+            n, w = src["block_table"].shape
+            table[:n, :w], lens[:n] = src["block_table"], src["seq_lens"]  # the step writes in place
+            out = runner.run(bound, num_requests=n, widths={"block_table": w})
+            torch.testing.assert_close(out, expected(src, 100.0 * i), rtol=0, atol=0)
+        assert runner.stats.replays == 25
+        return i
+
+    assert in_threads(work) == list(range(THREADS))
 
 
 def test_concurrent_load_spec_and_plan_of_one_file_are_equal(tmp_path: Path) -> None:
