@@ -113,19 +113,23 @@ class BoundSources:
         table = slot.rows_of_requests
         return slot.capacity[size][0] if table is None else table[n]
 
-    def _check_call(self, size: int, n: int, widths: Mapping[str, Any] | None) -> dict[str, int]:
-        """Validate ``size``, ``n``, the bound addresses and ``widths``; return widths as ints."""
+    def _check_call(self, size: int, n: Any, widths: Mapping[str, Any] | None) -> tuple[int, dict[str, int]]:
+        """Validate ``size``, ``n``, the bound addresses and ``widths``; return ``n`` and widths as ints."""
         cap = self._max_requests.get(size)
         if cap is None:
             sizes = ", ".join(map(str, self._max_requests))
             raise RefreshError(f"refresh(size={size}): not a capture size; sizes: {sizes}")
         if type(n) is not int or not 0 <= n <= cap:
-            raise RowsError(
-                f"refresh(size={size}): num_requests={n!r}, but capture size {size} holds 0..{cap} requests"
-            )
+            count = _count(n)
+            if count is None or not 0 <= count <= cap:
+                raise RowsError(
+                    f"refresh(size={size}): num_requests={n!r}, but capture size {size} holds 0..{cap} "
+                    "requests"
+                )
+            n = count
         where = f"refresh(size={size})"
         self._check_moved(where)
-        return self._check_widths(widths, where) if widths else _NO_WIDTHS
+        return n, self._check_widths(widths, where) if widths else _NO_WIDTHS
 
     def _check_moved(self, where: str) -> None:
         for name, t, ptr in self._watch:
@@ -179,8 +183,10 @@ class BoundSources:
         exceed the largest capture size's as long as the bound sources hold the rows.
         """
         where = "sources()"
-        if type(num_requests) is not int or num_requests < 0:
+        count = _count(num_requests)
+        if count is None or count < 0:
             raise RowsError(f"{where}: num_requests={num_requests!r}; allowed: an integer >= 0")
+        num_requests = count
         self._check_moved(where)
         w_of = self._check_widths(widths, where) if widths else _NO_WIDTHS
         p = self.buffers.plan
@@ -213,7 +219,7 @@ class BoundSources:
         return self._refresh(size, num_requests, widths)
 
     def _refresh(self, size: int, n: int, widths: Mapping[str, int] | None) -> int:
-        w_of = self._check_call(size, n, widths)
+        n, w_of = self._check_call(size, n, widths)
         r = self._r
         k = r._begin()
         for e in self._entries:
@@ -265,3 +271,13 @@ class BoundSources:
 
     def __repr__(self) -> str:
         return f"BoundSources({', '.join(self.names)})"
+
+
+def _count(n: Any) -> int | None:
+    """``n`` as an int if it is an integer (numpy integers included, bool not), else None."""
+    if isinstance(n, bool):
+        return None
+    try:
+        return operator.index(n)
+    except TypeError:
+        return None

@@ -155,6 +155,17 @@ def test_bound_sources_are_read_at_each_refresh_not_at_bind(small: Mapping) -> N
     assert sb.view(4)["seq_lens"].tolist() == [41, 42]
 
 
+def test_request_counts_and_widths_may_be_numpy_integers(small: Mapping) -> None:
+    sb = _buffers(small)
+    bound = sb.bind(_persistent(np.random.default_rng(12)))
+    widths = {"block_table.a": np.int64(2), "block_table.b": np.int32(1)}
+    assert bound.refresh(8, np.int64(3), widths=widths) == 3
+    assert type(bound.refresh(8, np.int32(2), widths=widths)) is int
+    assert bound.sources(np.int64(2), widths)["block_table.a"].shape == (2, 2)
+    with pytest.raises(RowsError, match="num_requests=True"):
+        bound.refresh(8, True, widths=widths)
+
+
 def test_bound_refresh_runs_inside_a_profiler_range(small: Mapping) -> None:
     bound = _buffers(small).bind(_persistent(np.random.default_rng(4)))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
