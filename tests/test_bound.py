@@ -121,6 +121,28 @@ def test_bound_refresh_equals_mapping_refresh_and_hand_built_contents(
     assert cases == 36
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["host", "staged"])
+def test_bound_and_mapping_refreshes_interleave_on_one_buffers(small: Mapping, staged: bool) -> None:
+    """Both kinds share the host images (and, staged, their alternation): each result is its own."""
+    sb, ref = _buffers(small, staged), _buffers(small)
+    rng = np.random.default_rng(13)
+    arrays = _persistent(rng)
+    bound = sb.bind(arrays)
+    for i in range(40):
+        size = (2, 4, 8)[i % 3]
+        n = int(rng.integers(0, size // 2 + 1))
+        widths = {"block_table.a": int(rng.integers(0, 5)), "block_table.b": int(rng.integers(0, 5))}
+        fresh = _persistent(rng)
+        for name, a in arrays.items():
+            a[...] = fresh[name]
+        if i % 2:
+            bound.refresh(size, n, widths=widths)
+        else:
+            sb.refresh(size, {k: v.copy() for k, v in bound.sources(n, widths).items()})
+        ref.refresh(size, bound.sources(n, widths))
+        assert _contents(sb) == _contents(ref), i
+
+
 def test_bound_default_width_is_the_source_width_and_overflow_truncate_cuts_it(small: Mapping) -> None:
     small["buffers"]["block_table"]["overflow"] = "truncate"
     sb = _buffers(small)
