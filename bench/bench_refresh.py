@@ -379,23 +379,13 @@ def plot_layers(res: dict[str, Any], path: Path) -> Path:
     sweep = res["layers"]
     xs = [r["layers"] for r in sweep]
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    ax.plot(
-        xs, [r["baseline_us"] for r in sweep], "o-", color="tab:red", label="per-layer baseline (plain torch)"
+    lines = (
+        ("baseline_us", "tab:red", "per-layer baseline (plain torch)"),
+        ("graphbuf_us", "tab:blue", "graphbuf refresh (torch sources)"),
+        ("graphbuf_bound_us", "tab:green", "graphbuf refresh (bound sources)"),
     )
-    ax.plot(
-        xs,
-        [r["graphbuf_us"] for r in sweep],
-        "o-",
-        color="tab:blue",
-        label="graphbuf refresh (torch sources)",
-    )
-    ax.plot(
-        xs,
-        [r["graphbuf_bound_us"] for r in sweep],
-        "o-",
-        color="tab:green",
-        label="graphbuf refresh (bound sources)",
-    )
+    for key, color, label in lines:
+        ax.plot(xs, [r[key] for r in sweep], "o-", color=color, label=label)
     floor = res["summary"]["sweep_floor_us"]
     ax.axhline(floor, color="tab:gray", linestyle="--", label="hand-written floor (once per buffer)")
     ax.set_xscale("log", base=2)
