@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SPEC, compare, render_table, step_sources, write_json
+from common import SPEC, compare, render_table, step_buffers, write_json
 
 from graphbuf.buffers import StaticBuffers
 from graphbuf.drill import PagedDecodeAttention
@@ -87,13 +87,13 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
                 task.bind(bufs, torch.Generator().manual_seed(seed))
                 fn = task
                 output_rows, iters, warmup = "tokens", (3 if quick else 15), 1
-            bufs.refresh(sizes[-1], step_sources(p, sizes[-1] // tpr, rng))
+            bufs.refresh(sizes[-1], step_buffers(p, sizes[-1] // tpr, rng).sources)
             runner = GraphRunner(bufs, fn, output_rows=output_rows)
             runner.capture()
             if runner.stats.capture_failures:
                 raise RuntimeError(f"{name}: capture failed: {runner.stats.capture_failures}")
             for size in sizes:
-                src = step_sources(p, size // tpr, rng)
+                src = step_buffers(p, size // tpr, rng).sources
                 m = _measure(runner, src, size, iters, warmup)
                 if runner.stats.eager:
                     raise RuntimeError(f"{name}: size {size} ran eagerly: {runner.stats.as_dict()}")

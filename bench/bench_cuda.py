@@ -3,12 +3,13 @@
 Usage: ``python bench/bench_cuda.py [--quick] [--json PATH]``. Without CUDA it prints
 ``CUDA not available: skipped`` and writes ``{"skipped": true}`` results.
 
-* Copies: ``StaticBuffers(spec, device="cuda")`` refreshed from pinned host sources (``common.step_sources``)
+* Copies: ``StaticBuffers(spec, device="cuda")`` refreshed from pinned host sources (``common.step_buffers``)
   K times under ``torch.profiler`` (CPU + CUDA activities). The refresh runs in a
   ``record_function("graphbuf.refresh")`` range while profiling; counted per refresh: device-side
   ``Memcpy HtoD`` activities, ``cudaMemcpyAsync`` runtime calls inside the refresh ranges, and any other
   device memcpy/memset activity. Target: exactly one host-to-device copy per refresh. The device contents are
-  checked once against a cpu refresh of the same sources.
+  checked once against a cpu refresh of the same sources. The same counts are taken for a refresh of the
+  persistent buffers bound once (``StaticBuffers.bind``), column "HtoD bound".
 * Refresh µs: host time of ``refresh`` (it returns once the upload is queued) and refresh + synchronize.
 * Replay vs eager: ``Gemma4AttentionTask`` decode and verify (2 full-attention layers, Nq 16, Nkv 2,
   head dim 512, bf16) through ``GraphRunner`` on ``StaticBuffers(..., device="cuda")`` at each capture size,
@@ -30,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SPEC, compare, render_table, step_buffers, step_sources, write_json
+from common import SPEC, compare, render_table, step_buffers, write_json
 
 from graphbuf.adapters.vllm_ascend.binding import Gemma4AttentionTask
 from graphbuf.buffers import StaticBuffers
@@ -177,7 +178,7 @@ def _replay_task(
     )
     task.bind(bufs, torch.Generator().manual_seed(0))
     largest = p.capture_sizes[-1]
-    bufs.refresh(largest, step_sources(p, largest // tpr, rng, pin_memory=pin))
+    bufs.refresh(largest, step_buffers(p, largest // tpr, rng, pin_memory=pin).sources)
     runner = GraphRunner(bufs, task, output_rows=task.output_rows)
     runner.capture()
     if runner.stats.capture_failures:
@@ -185,7 +186,7 @@ def _replay_task(
     rows = []
     for size in sizes:
         live = size // tpr
-        src = step_sources(p, live, rng, pin_memory=pin)
+        src = step_buffers(p, live, rng, pin_memory=pin).sources
         # cpu (emulator) re-issues decode with fresh host lengths; cuda cannot and reads device lengths.
         args = task.host_args(size, live, src) if device.type != "cuda" else {}
 

@@ -33,7 +33,6 @@ __all__ = [
     "median_us",
     "render_table",
     "step_buffers",
-    "step_sources",
     "write_json",
 ]
 
@@ -123,18 +122,6 @@ class StepBuffers:
     persistent: dict[str, torch.Tensor]
     widths: dict[str, int]
     live: int
-
-
-def step_sources(
-    p: Plan,
-    live: int,
-    rng: np.random.Generator,
-    *,
-    max_len: int | None = None,
-    pin_memory: bool = False,
-) -> dict[str, torch.Tensor]:
-    """The live sources of :func:`step_buffers` (same arguments)."""
-    return step_buffers(p, live, rng, max_len=max_len, pin_memory=pin_memory).sources
 
 
 def step_buffers(

@@ -97,12 +97,8 @@ class BoundSources:
             wide = b.ndim == 2
             width = arr.shape[1] if wide else 0
             entries.append((slot, arr, arr.dtype in slot.fast, name, wide, width, {}))
-        missing = sorted(r._required - set(sources))
-        if missing:
-            raise RefreshError(
-                f"bind(): missing buffer(s) {', '.join(missing)}; only buffers declared 'keep: true' may be "
-                "omitted"
-            )
+        if not r._required.issubset(sources):
+            raise r._missing_error("bind()", sources)
         self._entries = tuple(entries)
         self._watch = tuple(watch)
         self._wide = frozenset(e[3] for e in entries if e[4])
@@ -117,8 +113,7 @@ class BoundSources:
         """Validate ``size``, ``n``, the bound addresses and ``widths``; return ``n`` and widths as ints."""
         cap = self._max_requests.get(size)
         if cap is None:
-            sizes = ", ".join(map(str, self._max_requests))
-            raise RefreshError(f"refresh(size={size}): not a capture size; sizes: {sizes}")
+            raise self._r._size_error(size)
         if type(n) is not int or not 0 <= n <= cap:
             count = _count(n)
             if count is None or not 0 <= count <= cap:
@@ -127,28 +122,33 @@ class BoundSources:
                     "requests"
                 )
             n = count
-        where = f"refresh(size={size})"
-        self._check_moved(where)
-        return n, self._check_widths(widths, where) if widths else _NO_WIDTHS
+        self._check_moved(size)
+        return n, self._check_widths(widths, size) if widths else _NO_WIDTHS
 
-    def _check_moved(self, where: str) -> None:
+    def _check_moved(self, where: int | str) -> None:
+        """``where``: the capture size being refreshed, or the name of the call (formatted on error only)."""
         for name, t, ptr in self._watch:
             if t.data_ptr() != ptr:
                 raise AddressChangedError(
-                    f"{where}: bound source {name!r} moved from {ptr:#x} to {t.data_ptr():#x}; a bound "
-                    "tensor must keep its address (set_ rebound it): bind it again"
+                    f"{self._r._where(where)}: bound source {name!r} moved from {ptr:#x} to "
+                    f"{t.data_ptr():#x}; a bound tensor must keep its address (set_ rebound it): "
+                    "bind it again"
                 )
 
-    def _check_widths(self, widths: Mapping[str, Any], where: str) -> dict[str, int]:
+    def _check_widths(self, widths: Mapping[str, Any], where: int | str) -> dict[str, int]:
         out = {}
         for name, w in widths.items():
             if name not in self._wide:
                 wide = ", ".join(sorted(self._wide)) or "none"
-                raise RefreshError(f"{where}: widths[{name!r}]: not a bound 2-D buffer; allowed: {wide}")
+                raise RefreshError(
+                    f"{self._r._where(where)}: widths[{name!r}]: not a bound 2-D buffer; allowed: {wide}"
+                )
             try:
                 out[name] = operator.index(w)
             except TypeError:
-                raise RefreshError(f"{where}: widths[{name!r}]: {w!r} is not an integer") from None
+                raise RefreshError(
+                    f"{self._r._where(where)}: widths[{name!r}]: {w!r} is not an integer"
+                ) from None
         return out
 
     def _width(self, e: _Entry, size: int, widths: dict[str, int]) -> int:

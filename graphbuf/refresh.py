@@ -14,7 +14,7 @@ is what lets validation pay for itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,8 +223,22 @@ class Refresher:
 
     def _fail(self, cls: type[RefreshError], name: str, size: int | str, msg: str) -> RefreshError:
         """``size``: the capture size being refreshed, or the name of the call (``"bind()"``)."""
-        where = f"refresh(size={size})" if isinstance(size, int) else size
-        return cls(f"{where}: buffer {name!r}: {msg}")
+        return cls(f"{self._where(size)}: buffer {name!r}: {msg}")
+
+    @staticmethod
+    def _where(size: int | str) -> str:
+        return f"refresh(size={size})" if isinstance(size, int) else size
+
+    def _size_error(self, size: int) -> RefreshError:
+        sizes = ", ".join(map(str, self.plan.capture_sizes))
+        return RefreshError(f"refresh(size={size}): not a capture size; sizes: {sizes}")
+
+    def _missing_error(self, size: int | str, given: Iterable[str]) -> RefreshError:
+        missing = ", ".join(sorted(self._required.difference(given)))
+        return RefreshError(
+            f"{self._where(size)}: missing buffer(s) {missing}; only buffers declared 'keep: true' may "
+            "be omitted"
+        )
 
     def _slot(self, size: int | str, name: str) -> _Slot:
         slot = self._slots.get(name)
@@ -470,8 +484,7 @@ class Refresher:
         self, size: int, sources: Mapping[str, Any], num_requests: int | None, strict: bool | None
     ) -> int:
         if size not in self.plan.capture_sizes:
-            sizes = ", ".join(map(str, self.plan.capture_sizes))
-            raise RefreshError(f"refresh(size={size}): not a capture size; sizes: {sizes}")
+            raise self._size_error(size)
         strict = self.strict if strict is None else strict
         k = self._begin()
         prepared = []
@@ -519,11 +532,7 @@ class Refresher:
             self._place(p, k)
             prepared.append(p)
         if fast_given != len(self._required) and not self._required.issubset(sources.keys()):
-            missing = sorted(self._required - sources.keys())
-            raise RefreshError(
-                f"refresh(size={size}): missing buffer(s) {', '.join(missing)}; only buffers declared "
-                "'keep: true' may be omitted"
-            )
+            raise self._missing_error(size, sources.keys())
         live = self._live_requests(prepared, size, num_requests)
         if not self._image_in_bounds(k):
             self._raise_bounds(prepared, size, k)
