@@ -11,9 +11,7 @@ measures, the issue tracker judges.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -24,6 +22,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_json
 
 from graphbuf.graph import Graph
 
@@ -163,14 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['ratio']:>7.3f}  {row['replay_steps']:>5}  {row['strategies']}"
         )
     if args.json:
-        meta = {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "threads": torch.get_num_threads(),
-            "iters": args.iters,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+        write_json(args.json, "emulator", rows, iters=args.iters)
     return 0
 
 

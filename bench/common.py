@@ -238,7 +238,12 @@ def environment() -> dict[str, Any]:
 
 
 def write_json(
-    path: Path, benchmark: str, results: Mapping[str, Any], *, skipped: bool = False, **meta: Any
+    path: Path,
+    benchmark: str,
+    results: Mapping[str, Any] | Sequence[Any],
+    *,
+    skipped: bool = False,
+    **meta: Any,
 ) -> Path:
     """Write ``{"benchmark", "skipped", "meta" (environment + meta), "results"}`` to ``path``; return it."""
     path.parent.mkdir(parents=True, exist_ok=True)
