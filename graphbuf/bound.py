@@ -118,7 +118,7 @@ class BoundSources:
             count = _count(n)
             if count is None or not 0 <= count <= cap:
                 raise RowsError(
-                    f"refresh(size={size}): num_requests={n!r}, but capture size {size} holds 0..{cap} "
+                    f"refresh(size={size}): num_reqs={n!r}, but capture size {size} holds 0..{cap} "
                     "requests"
                 )
             n = count
@@ -176,21 +176,21 @@ class BoundSources:
             )
         return w
 
-    def sources(self, num_requests: int, widths: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-        """The live rows of every bound source at ``num_requests`` requests (numpy views, no copy).
+    def sources(self, num_reqs: int, widths: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """The live rows of every bound source at ``num_reqs`` requests (numpy views, no copy).
 
-        A mapping :meth:`StaticBuffers.refresh` takes, and what an eager step reads; ``num_requests`` may
+        A mapping :meth:`StaticBuffers.refresh` takes, and what an eager step reads; ``num_reqs`` may
         exceed the largest capture size's as long as the bound sources hold the rows.
         """
         where = "sources()"
-        count = _count(num_requests)
+        count = _count(num_reqs)
         if count is None or count < 0:
-            raise RowsError(f"{where}: num_requests={num_requests!r}; allowed: an integer >= 0")
-        num_requests = count
+            raise RowsError(f"{where}: num_reqs={num_reqs!r}; allowed: an integer >= 0")
+        num_reqs = count
         self._check_moved(where)
         w_of = self._check_widths(widths, where) if widths else _NO_WIDTHS
         p = self.buffers.plan
-        env = {**p.constants, "requests": num_requests, "tokens": num_requests * p.tokens_per_request}
+        env = {**p.constants, "requests": num_reqs, "tokens": num_reqs * p.tokens_per_request}
         out = {}
         for e in self._entries:
             slot, arr, _, name, wide, _, _ = e
@@ -199,24 +199,24 @@ class BoundSources:
             if rows > arr.shape[0]:
                 raise self._r._fail(
                     RowsError, name, where,
-                    f"{num_requests} requests need {rows} rows (rows = {b.rows.text}); the bound source has "
+                    f"{num_reqs} requests need {rows} rows (rows = {b.rows.text}); the bound source has "
                     f"{arr.shape[0]}",
                 )  # fmt: skip
             out[name] = arr[:rows, : self._source_width(e, w_of, where)] if wide else arr[:rows]
         return out
 
-    def refresh(self, size: int, num_requests: int, *, widths: Mapping[str, int] | None = None) -> int:
+    def refresh(self, size: int, num_reqs: int, *, widths: Mapping[str, int] | None = None) -> int:
         """Write the live rows of every bound source into the buffers captured at ``size``; return
-        ``num_requests``.
+        ``num_reqs``.
 
-        Each buffer copies the rows its ``rows`` rule gives at ``num_requests``; a 2-D buffer copies
+        Each buffer copies the rows its ``rows`` rule gives at ``num_reqs``; a 2-D buffer copies
         ``widths[name]`` columns (default: the bound source's width) and pads the rest, as
         :meth:`StaticBuffers.refresh` does for a source of that shape. On any error no byte changes.
         """
         if torch._C._autograd._profiler_enabled():
             with torch.profiler.record_function("graphbuf.refresh"):
-                return self._refresh(size, num_requests, widths)
-        return self._refresh(size, num_requests, widths)
+                return self._refresh(size, num_reqs, widths)
+        return self._refresh(size, num_reqs, widths)
 
     def _refresh(self, size: int, n: int, widths: Mapping[str, int] | None) -> int:
         n, w_of = self._check_call(size, n, widths)

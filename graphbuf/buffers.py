@@ -113,20 +113,20 @@ class StaticBuffers:
         size: int,
         sources: Mapping[str, Source],
         *,
-        num_requests: int | None = None,
+        num_reqs: int | None = None,
         strict: bool | None = None,
     ) -> int:
         """Write ``sources`` into the buffers captured at ``size``; return the live request count.
 
         ``sources`` maps buffer names to torch tensors, numpy arrays or lists, on the host or on this
         device. Every buffer must be given unless its spec says ``keep: true``. The live request count comes
-        from the sources' row counts (evaluating each buffer's ``rows`` rule) or ``num_requests``; all must
+        from the sources' row counts (evaluating each buffer's ``rows`` rule) or ``num_reqs``; all must
         agree. Everything is validated first; on any :class:`graphbuf.RefreshError` no byte changes.
 
         After a valid refresh with n live rows and source width w: rows ``[:n, :w]`` equal the source,
         ``[:n, w:]`` and rows ``[n:]`` equal the pad value (``repeat_last``: the last live row).
         """
-        return self._refresher.refresh(size, sources, num_requests=num_requests, strict=strict)
+        return self._refresher.refresh(size, sources, num_reqs=num_reqs, strict=strict)
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
         """Bind persistent host ``sources`` once; refresh them by request count with

@@ -344,7 +344,7 @@ def run_drill(
         sources = make_batch(p, live, rng, num_blocks)
         size = runner.size_for(live)
         args = host_args(size or live * p.tokens_per_request, live, sources)
-        got = runner.run(sources, num_requests=live, host_args=args)
+        got = runner.run(sources, num_reqs=live, host_args=args)
         got = tuple(t.clone() for t in got)
         eager_views = runner.eager_views(sources, live)
         want = step_fn(Step(live * p.tokens_per_request, eager_views, None, args, live))

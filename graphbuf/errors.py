@@ -5,12 +5,15 @@ from __future__ import annotations
 __all__ = [
     "AddressChangedError",
     "CaptureError",
+    "ConcurrentUseError",
     "DeviceUnavailableError",
     "GraphbufError",
+    "LivenessError",
     "PlanTooLargeError",
     "RefreshError",
     "RowsError",
     "SpecError",
+    "UnknownDeviceError",
     "WidthError",
 ]
 
@@ -49,3 +52,16 @@ class AddressChangedError(GraphbufError, RuntimeError):
 
 class DeviceUnavailableError(GraphbufError, RuntimeError):
     """The requested device (cuda, npu) or its runtime (torch_npu) is not available here."""
+
+
+class UnknownDeviceError(GraphbufError, ValueError):
+    """A device name that is neither ``cpu``, ``cuda[:N]`` nor ``npu[:N]``."""
+
+
+class LivenessError(GraphbufError, RuntimeError):
+    """A tensor a captured graph reads or writes was freed; replaying would read released memory."""
+
+
+class ConcurrentUseError(GraphbufError, RuntimeError):
+    """Two threads used one object that serves one caller at a time (``StaticBuffers``, ``BoundSources``,
+    ``GraphRunner``); use one per thread or serialize the calls."""

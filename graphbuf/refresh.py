@@ -471,17 +471,17 @@ class Refresher:
         size: int,
         sources: Mapping[str, Any],
         *,
-        num_requests: int | None = None,
+        num_reqs: int | None = None,
         strict: bool | None = None,
     ) -> int:
         """Validate all ``sources``, then write them; return the live request count."""
         if torch._C._autograd._profiler_enabled():
             with torch.profiler.record_function("graphbuf.refresh"):
-                return self._refresh(size, sources, num_requests, strict)
-        return self._refresh(size, sources, num_requests, strict)
+                return self._refresh(size, sources, num_reqs, strict)
+        return self._refresh(size, sources, num_reqs, strict)
 
     def _refresh(
-        self, size: int, sources: Mapping[str, Any], num_requests: int | None, strict: bool | None
+        self, size: int, sources: Mapping[str, Any], num_reqs: int | None, strict: bool | None
     ) -> int:
         if size not in self.plan.capture_sizes:
             raise self._size_error(size)
@@ -533,7 +533,7 @@ class Refresher:
             prepared.append(p)
         if fast_given != len(self._required) and not self._required.issubset(sources.keys()):
             raise self._missing_error(size, sources.keys())
-        live = self._live_requests(prepared, size, num_requests)
+        live = self._live_requests(prepared, size, num_reqs)
         if not self._image_in_bounds(k):
             self._raise_bounds(prepared, size, k)
         if len(prepared) == len(self._required):
@@ -612,14 +612,14 @@ class Refresher:
         event.record()
         self._events[k] = event
 
-    def _live_requests(self, prepared: list[_Prepared], size: int, num_requests: int | None) -> int:
+    def _live_requests(self, prepared: list[_Prepared], size: int, num_reqs: int | None) -> int:
         cap_requests = size // self.plan.tokens_per_request
-        if num_requests is not None and not 0 <= num_requests <= cap_requests:
+        if num_reqs is not None and not 0 <= num_reqs <= cap_requests:
             raise RowsError(
-                f"refresh(size={size}): num_requests={num_requests}, but capture size {size} holds "
+                f"refresh(size={size}): num_reqs={num_reqs}, but capture size {size} holds "
                 f"0..{cap_requests} requests"
             )
-        live, source = num_requests, "num_requests"
+        live, source = num_reqs, "num_reqs"
         for slot, _, _, rows, _ in prepared:
             table = slot.requests_of_rows
             if table is None:
@@ -641,7 +641,7 @@ class Refresher:
                 )  # fmt: skip
         if live is None:
             raise RefreshError(
-                f"refresh(size={size}): no source determines the live request count; pass num_requests="
+                f"refresh(size={size}): no source determines the live request count; pass num_reqs="
             )
         return live
 

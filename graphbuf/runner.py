@@ -185,9 +185,9 @@ class GraphRunner:
     def captured_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self._graphs))
 
-    def size_for(self, num_requests: int) -> int | None:
-        """The smallest capture size holding ``num_requests`` requests (None if none does)."""
-        tokens = num_requests * self._tpr
+    def size_for(self, num_reqs: int) -> int | None:
+        """The smallest capture size holding ``num_reqs`` requests (None if none does)."""
+        tokens = num_reqs * self._tpr
         for s in self.buffers.capture_sizes:
             if s >= tokens:
                 return s
@@ -204,31 +204,31 @@ class GraphRunner:
                     "restrided instead of refreshed in place"
                 )
 
-    def _live_requests(self, sources: Mapping[str, Any] | BoundSources, num_requests: int | None) -> int:
-        if num_requests is not None:
-            return num_requests
+    def _live_requests(self, sources: Mapping[str, Any] | BoundSources, num_reqs: int | None) -> int:
+        if num_reqs is not None:
+            return num_reqs
         if isinstance(sources, BoundSources):
-            raise RefreshError("run(): bound sources carry no row counts; pass num_requests=")
+            raise RefreshError("run(): bound sources carry no row counts; pass num_reqs=")
         p = self.buffers.plan
         for name, src in sources.items():
             if name in p.names and p[name].rows.names & {"tokens", "requests"}:
                 n = p.requests_for_rows(name, len(src))
                 if n is not None:
                     return n
-        raise RefreshError("run(): no source determines the live request count; pass num_requests=")
+        raise RefreshError("run(): no source determines the live request count; pass num_reqs=")
 
     def run(
         self,
         sources: Mapping[str, Any] | BoundSources,
         *,
-        num_requests: int | None = None,
+        num_reqs: int | None = None,
         widths: Mapping[str, int] | None = None,
         host_args: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Output:
         """Run one step for the live batch described by ``sources``; return the live output rows.
 
         ``sources``: a mapping as :meth:`StaticBuffers.refresh` takes, or :class:`BoundSources` bound to
-        this runner's buffers; then ``num_requests`` is required and ``widths`` gives 2-D live widths.
+        this runner's buffers; then ``num_reqs`` is required and ``widths`` gives 2-D live widths.
         """
         bound = isinstance(sources, BoundSources)
         if bound and sources.buffers is not self.buffers:
@@ -237,7 +237,7 @@ class GraphRunner:
             raise RefreshError(
                 "run(): widths= applies to BoundSources; a mapping's sources carry their widths"
             )
-        live = self._live_requests(sources, num_requests)
+        live = self._live_requests(sources, num_reqs)
         host_args = {str(kind): args for kind, args in (host_args or {}).items()}
         size = self.size_for(live)
         reason = None
@@ -256,7 +256,7 @@ class GraphRunner:
         if bound:
             sources.refresh(size, live, widths=widths)  # type: ignore[union-attr]
         else:
-            self.buffers.refresh(size, sources, num_requests=live)  # type: ignore[arg-type]
+            self.buffers.refresh(size, sources, num_reqs=live)  # type: ignore[arg-type]
         self.stats.refresh_s.append(time.perf_counter() - t0)
         self.check_addresses(size)
         captured = self._graphs[size]

@@ -184,7 +184,7 @@ def test_request_counts_and_widths_may_be_numpy_integers(small: Mapping) -> None
     assert bound.refresh(8, np.int64(3), widths=widths) == 3
     assert type(bound.refresh(8, np.int32(2), widths=widths)) is int
     assert bound.sources(np.int64(2), widths)["block_table.a"].shape == (2, 2)
-    with pytest.raises(RowsError, match="num_requests=True"):
+    with pytest.raises(RowsError, match="num_reqs=True"):
         bound.refresh(8, True, widths=widths)
 
 
@@ -307,9 +307,9 @@ REFRESH_ERRORS: list[tuple[str, Callable[..., None], dict[str, Any], type[Except
         RefreshError,
         r"refresh\(size=6\): not a capture size",
     ),
-    ("too many requests", _nothing, {"size": 4, "n": 3}, RowsError, r"num_requests=3.*holds 0\.\.2"),
-    ("negative requests", _nothing, {"size": 4, "n": -1}, RowsError, "num_requests=-1"),
-    ("requests not int", _nothing, {"size": 4, "n": 1.0}, RowsError, r"num_requests=1\.0"),
+    ("too many requests", _nothing, {"size": 4, "n": 3}, RowsError, r"num_reqs=3.*holds 0\.\.2"),
+    ("negative requests", _nothing, {"size": 4, "n": -1}, RowsError, "num_reqs=-1"),
+    ("requests not int", _nothing, {"size": 4, "n": 1.0}, RowsError, r"num_reqs=1\.0"),
     ("width of 1-D", _nothing, {"widths": {"seq_lens": 1}}, RefreshError, r"widths\['seq_lens'\].*allowed"),
     ("width unknown", _nothing, {"widths": {"x": 1}}, RefreshError, r"widths\['x'\]: not a bound 2-D"),
     ("width not int", _nothing, {"widths": {"block_table.a": 1.5}}, RefreshError, "1.5 is not an integer"),
@@ -413,7 +413,7 @@ def test_runner_replays_bound_sources_and_falls_back_eagerly_with_them() -> None
     runner, persistent = _paged_runner()
     bound = runner.buffers.bind(persistent)
     for n, w in ((3, 5), (1, 8), (8, 2), (11, 4)):  # 11 requests: above the largest capture size (8)
-        out = runner.run(bound, num_requests=n, widths={"block_table": w})
+        out = runner.run(bound, num_reqs=n, widths={"block_table": w})
         want = persistent["seq_lens"][:n].float() * 2 + persistent["block_table"][:n, :w].sum(1).float()
         torch.testing.assert_close(out, want)
         persistent["seq_lens"].add_(1)  # the next step's lengths, written in place
@@ -424,7 +424,7 @@ def test_runner_replays_bound_sources_and_falls_back_eagerly_with_them() -> None
 def test_runner_rejects_misused_bound_sources() -> None:
     runner, persistent = _paged_runner()
     bound = runner.buffers.bind(persistent)
-    with pytest.raises(RefreshError, match="bound sources carry no row counts; pass num_requests="):
+    with pytest.raises(RefreshError, match="bound sources carry no row counts; pass num_reqs="):
         runner.run(bound)
     with pytest.raises(RefreshError, match="widths= applies to BoundSources"):
         runner.run(
@@ -432,4 +432,4 @@ def test_runner_rejects_misused_bound_sources() -> None:
         )
     other = graphbuf.StaticBuffers(GraphSpec.model_validate(PAGED_SPEC)).bind(persistent)
     with pytest.raises(RefreshError, match="belong to other StaticBuffers"):
-        runner.run(other, num_requests=2)
+        runner.run(other, num_reqs=2)

@@ -267,8 +267,8 @@ class BuffersMachine(RuleBasedStateMachine):
         cap = size // self.plan.tokens_per_request
         n = data.draw(st.one_of(st.just(cap), st.integers(0, cap)), label="live")
         sources, arrays = self._draw_valid(data, size, n)
-        num_requests = n if data.draw(st.booleans(), label="pass num_requests") else None
-        assert self.sb.refresh(size, sources, num_requests=num_requests) == n
+        num_reqs = n if data.draw(st.booleans(), label="pass num_reqs") else None
+        assert self.sb.refresh(size, sources, num_reqs=num_reqs) == n
         self.tally["valid"] = self.tally.get("valid", 0) + 1
         self.tally["empty"] = self.tally.get("empty", 0) + (n == 0)
         self.model_size = size

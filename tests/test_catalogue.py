@@ -61,7 +61,7 @@ class Bad:
     drop: tuple[str, ...] = ()
     size: int = 4
     strict: bool = False
-    num_requests: int | None = None
+    num_reqs: int | None = None
     skip: str | None = None
 
 
@@ -208,8 +208,8 @@ CASES: list[Bad] = [
     R("missing-buffer", RefreshError, "missing buffer(s) seq_lens; only buffers declared 'keep: true'", {}, drop=("seq_lens",)),
     R("rows-disagree", RefreshError, "'seq_lens': 1 rows, but block_table.a implies 2 live requests", {"seq_lens": np.ones(1, _I32)}),
     R("rows-match-no-count", RefreshError, "'query_start_loc': 0 rows", {"query_start_loc": []}),
-    R("num-requests-above-capacity", RowsError, "num_requests=5, but capture size 4 holds 0..2", {}, num_requests=5),
-    R("num-requests-negative", RowsError, "num_requests=-1, but capture size 4 holds 0..2", {}, num_requests=-1),
+    R("num-requests-above-capacity", RowsError, "num_reqs=5, but capture size 4 holds 0..2", {}, num_reqs=5),
+    R("num-requests-negative", RowsError, "num_reqs=-1, but capture size 4 holds 0..2", {}, num_reqs=-1),
     R("unknown-capture-size", RefreshError, "refresh(size=3): not a capture size; sizes: 2, 4, 8", {}, size=3),
 ]  # fmt: skip
 
@@ -297,7 +297,7 @@ def _check_refresh_row(case: Bad, spec_mapping: Callable[[], dict[str, Any]]) ->
     for name in case.drop:
         del sources[name]
     with pytest.raises(RefreshError) as info:
-        buffers.refresh(case.size, sources, num_requests=case.num_requests)
+        buffers.refresh(case.size, sources, num_reqs=case.num_reqs)
     assert type(info.value) is case.error
     assert case.fragment in str(info.value), str(info.value)
     assert buffers.slab.numpy().tobytes() == before

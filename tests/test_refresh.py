@@ -113,9 +113,9 @@ def test_refresh_runs_inside_a_profiler_range(sb: StaticBuffers) -> None:
     np.testing.assert_array_equal(sb.view(8)["seq_lens"].numpy()[:3], [10, 11, 0])
 
 
-def test_num_requests_may_be_given_and_must_agree(sb: StaticBuffers) -> None:
-    assert sb.refresh(4, _as("numpy", _arrays(2)), num_requests=2) == 2
-    assert sb.refresh(4, _as("numpy", _arrays(0)), num_requests=0) == 0
+def test_num_reqs_may_be_given_and_must_agree(sb: StaticBuffers) -> None:
+    assert sb.refresh(4, _as("numpy", _arrays(2)), num_reqs=2) == 2
+    assert sb.refresh(4, _as("numpy", _arrays(0)), num_reqs=0) == 0
 
 
 def test_keep_buffer_may_be_omitted_and_keeps_its_contents(sb: StaticBuffers) -> None:
@@ -203,17 +203,17 @@ def test_host_bounds_are_checked_with_strict_on_or_off(
         assert slab_bytes(buffers) == before
 
 
-def test_refresh_needs_a_source_or_num_requests_for_the_live_count(
+def test_refresh_needs_a_source_or_num_reqs_for_the_live_count(
     spec_mapping: Callable[[], Mapping],
 ) -> None:
     d = spec_mapping()
     d["buffers"] = {"fixed": {"dtype": "int32", "rows": 3, "pad": 9}}
     buffers = StaticBuffers(GraphSpec.model_validate(d))
     with pytest.raises(
-        RefreshError, match=r"no source determines the live request count; pass num_requests="
+        RefreshError, match=r"no source determines the live request count; pass num_reqs="
     ):
         buffers.refresh(4, {"fixed": [1]})
-    assert buffers.refresh(4, {"fixed": [1]}, num_requests=2) == 2
+    assert buffers.refresh(4, {"fixed": [1]}, num_reqs=2) == 2
     assert buffers.view(4)["fixed"].tolist() == [1, 9, 9]
 
 
@@ -538,28 +538,28 @@ def test_unknown_capture_size(sb: StaticBuffers, slab_bytes: Callable[[StaticBuf
 
 
 @pytest.mark.parametrize(
-    ("num_requests", "error", "fragment"),
+    ("num_reqs", "error", "fragment"),
     [
-        (3, RowsError, "refresh(size=4): num_requests=3, but capture size 4 holds 0..2 requests"),
-        (-1, RowsError, "num_requests=-1, but capture size 4 holds 0..2 requests"),
+        (3, RowsError, "refresh(size=4): num_reqs=3, but capture size 4 holds 0..2 requests"),
+        (-1, RowsError, "num_reqs=-1, but capture size 4 holds 0..2 requests"),
         (
             1,
             RefreshError,
-            "buffer 'block_table.a': 2 rows, but num_requests implies 1 live requests, so 1 rows",
+            "buffer 'block_table.a': 2 rows, but num_reqs implies 1 live requests, so 1 rows",
         ),
     ],
 )
-def test_bad_num_requests_changes_no_byte(
+def test_bad_num_reqs_changes_no_byte(
     sb: StaticBuffers,
     slab_bytes: Callable[[StaticBuffers], bytes],
-    num_requests: int,
+    num_reqs: int,
     error: type[RefreshError],
     fragment: str,
 ) -> None:
     sources = _baseline(sb)
     before = slab_bytes(sb)
     with pytest.raises(error) as info:
-        sb.refresh(4, sources, num_requests=num_requests)
+        sb.refresh(4, sources, num_reqs=num_reqs)
     assert fragment in str(info.value)
     assert slab_bytes(sb) == before
 

@@ -172,7 +172,7 @@ def test_per_thread_bound_sources_and_runners_from_one_shared_plan(shared_plan: 
             src = make_batch(int(rng.integers(1, 9)), rng)
             n, w = src["block_table"].shape
             table[:n, :w], lens[:n] = src["block_table"], src["seq_lens"]  # the step writes in place
-            out = runner.run(bound, num_requests=n, widths={"block_table": w})
+            out = runner.run(bound, num_reqs=n, widths={"block_table": w})
             torch.testing.assert_close(out, expected(src, 100.0 * i), rtol=0, atol=0)
         assert runner.stats.replays == 25
         return i

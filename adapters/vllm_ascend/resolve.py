@@ -175,7 +175,7 @@ class GroupBuffers:
         holds) with nothing written.
         """
         self.buffers.refresh(
-            size, {BLOCK_TABLE: block_table[:num_reqs], SEQ_LENS: seq_lens[:num_reqs]}, num_requests=num_reqs
+            size, {BLOCK_TABLE: block_table[:num_reqs], SEQ_LENS: seq_lens[:num_reqs]}, num_reqs=num_reqs
         )
         views = self.buffers.view(size)
         return views[BLOCK_TABLE], views[SEQ_LENS]
