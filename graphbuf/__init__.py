@@ -1,7 +1,7 @@
 """graphbuf: declarative, address-stable capture/replay buffers for CUDA and Ascend NPU graphs.
 
 The data path, top-down: spec (:mod:`graphbuf.spec`) → plan (:mod:`graphbuf.planner`) → buffers
-(:mod:`graphbuf.buffers`) → refresh (:mod:`graphbuf.refresh`; sources bound once: :mod:`graphbuf.bound`)
+(:mod:`graphbuf.buffers`) → refresh (:mod:`graphbuf.refresh`, a package)
 → graph (:mod:`graphbuf.graph`) → runner (:mod:`graphbuf.runner`).
 
 Importing ``graphbuf`` itself imports only the standard library; each public name loads its module on first
@@ -34,7 +34,7 @@ _EXPORTS = {
     "Plan": "graphbuf.planner",
     "plan": "graphbuf.planner",
     "StaticBuffers": "graphbuf.buffers",
-    "BoundSources": "graphbuf.bound",
+    "BoundSources": "graphbuf.refresh",
     "Graph": "graphbuf.graph",
     "CapturedTask": "graphbuf.tasks",
     "TaskKind": "graphbuf.tasks",
@@ -86,7 +86,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from graphbuf.bound import BoundSources
+    from graphbuf.refresh import BoundSources
     from graphbuf.buffers import StaticBuffers
     from graphbuf.errors import (
         AddressChangedError,

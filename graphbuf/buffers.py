@@ -9,18 +9,32 @@ Invariants:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import torch
 
-from graphbuf.bound import BoundSources
+from graphbuf.errors import ConcurrentUseError, DeviceUnavailableError, RefreshError, UnknownDeviceError
 from graphbuf.planner import Plan, plan
-from graphbuf.refresh import Refresher, Source
+from graphbuf.refresh import (
+    BoundSources,
+    Committer,
+    Layout,
+    RefreshStats,
+    Source,
+    build_eager,
+    count_of,
+    prepare_mapping,
+    where,
+)
 from graphbuf.spec import GraphSpec
 
 __all__ = ["StaticBuffers", "poison_value"]
+
+_DEVICE_TYPES = ("cpu", "cuda", "npu")
 
 
 def poison_value(dtype: torch.dtype) -> int | float | bool:
@@ -32,18 +46,55 @@ def poison_value(dtype: torch.dtype) -> int | float | bool:
     return torch.iinfo(dtype).min
 
 
+def _device(device: Any) -> torch.device:
+    """``device`` as a torch.device present on this machine: UnknownDeviceError for a name that is not
+    cpu/cuda[:N]/npu[:N], DeviceUnavailableError for one this machine lacks."""
+    allowed = "cpu, cuda[:N], npu[:N]"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise UnknownDeviceError(f"StaticBuffers(device={device!r}): unknown device ({exc}); allowed: {allowed}") from None
+    if dev.type not in _DEVICE_TYPES:
+        raise UnknownDeviceError(f"StaticBuffers(device={device!r}): unknown device type; allowed: {allowed}")
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except (ImportError, OSError, RuntimeError) as exc:
+            raise DeviceUnavailableError(
+                f"StaticBuffers(device={device!r}) needs torch_npu and an Ascend NPU; importing torch_npu "
+                f"failed: {exc!r}"
+            ) from None
+    mod = getattr(torch, dev.type, None)
+    count = mod.device_count() if mod is not None and mod.is_available() else 0
+    if count == 0 or (dev.index is not None and dev.index >= count):
+        raise DeviceUnavailableError(
+            f"StaticBuffers(device={device!r}): this machine has {count} {dev.type} device(s)"
+        )
+    return dev
+
+
 class StaticBuffers:
     """Every buffer of a spec, allocated once in ONE slab on ``device``.
 
+    Invariants: the slab is allocated once and never moves; buffers are written only by :meth:`refresh`
+    (a refresh assumes cells it did not dirty still hold the pad); one thread at a time (a second
+    concurrent call raises :class:`graphbuf.ConcurrentUseError` instead of waiting).
+
     Args:
         spec: a :class:`GraphSpec`, a spec path or shipped name, or an existing :class:`Plan`.
-        device: where the slab lives (``"cpu"``, ``"cuda"``, ``"npu"``, ...).
+        device: where the slab lives (``"cpu"``, ``"cuda[:N]"``, ``"npu[:N]"``).
         overrides: constant overrides (e.g. ``{"num_blocks": n}``), applied before planning.
         poison: fill the slab with :func:`poison_value` sentinels instead of the pad values, so a read of a
             row that was never written shows up.
         strict: also check value bounds (``min``/``max``) and NaN of device-resident sources, which costs a
             device sync. Host sources are always checked.
         max_bytes: the slab limit (default: the spec's ``limits.max_bytes``).
+        staging: host staging copies uploads are assembled in; must be at least the number of refreshes in
+            flight (issued, their uploads not finished). Default 2 on an accelerator; on the cpu None writes
+            the slab in place, and N stages through N copies as an accelerator would. Uploads run as
+            non-blocking copies on the device's current stream.
     """
 
     def __init__(
@@ -55,11 +106,17 @@ class StaticBuffers:
         poison: bool = False,
         strict: bool = False,
         max_bytes: int | None = None,
+        staging: int | None = None,
     ) -> None:
+        self.device = _device(device)
+        if staging is None and self.device.type != "cpu":
+            staging = 2
+        if staging is not None and (count_of(staging) is None or staging < 1):
+            raise ValueError(f"StaticBuffers(staging={staging!r}): allowed: an integer >= 1, or None on the cpu")
         self.plan: Plan = (
             spec if isinstance(spec, Plan) else plan(spec, overrides=overrides, max_bytes=max_bytes)
         )
-        self.device = torch.device(device)
+        self.strict = strict
         self.slab = torch.empty(self.plan.total_bytes, dtype=torch.uint8, device=self.device)
         full: dict[str, torch.Tensor] = {}
         for b in self.plan.buffers:
@@ -79,7 +136,9 @@ class StaticBuffers:
                     t = t[:, : shape[1]]
                 views[b.name] = t
             self._views[s] = MappingProxyType(views)
-        self._refresher = Refresher(self.plan, self.slab, full, strict=strict)
+        self.layout = Layout(self.plan)
+        self._commit = Committer(self.layout, self.slab, full, staging=staging, dirty=poison)
+        self._lock = threading.Lock()
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -96,46 +155,129 @@ class StaticBuffers:
         """Each buffer's whole allocation (its shape at the largest capture size)."""
         return self._full
 
+    @property
+    def stats(self) -> RefreshStats:
+        """Refresh count and bytes written (cpu) or uploaded (staged): last refresh and total."""
+        return self._commit.stats
+
+    @property
+    def staging(self) -> int | None:
+        """Host staging copies (None: a cpu slab written in place)."""
+        return self._commit.depth if self._commit.staged else None
+
     def view(self, size: int) -> Mapping[str, torch.Tensor]:
         """Name → the rows a graph of ``size`` tokens captures, as views into the slab."""
-        try:
-            return self._views[size]
-        except KeyError:
-            sizes = ", ".join(map(str, self.capture_sizes))
-            raise KeyError(f"view({size}): not a capture size; sizes: {sizes}") from None
+        views = self._views.get(size) if type(size) is int else None
+        if views is None:
+            raise self.layout.size_error("view", size)
+        return views
 
     def addresses(self, size: int) -> tuple[int, ...]:
         """Data pointers of ``view(size)`` in :attr:`names` order: what a graph of ``size`` baked in."""
-        return tuple(t.data_ptr() for t in self.view(size).values())
+        views = self._views.get(size) if type(size) is int else None
+        if views is None:
+            raise self.layout.size_error("addresses", size)
+        return tuple(t.data_ptr() for t in views.values())
 
     def refresh(
         self,
         size: int,
-        sources: Mapping[str, Source],
+        sources: Mapping[str, Source] | BoundSources,
         *,
         num_reqs: int | None = None,
+        widths: Mapping[str, int] | None = None,
         strict: bool | None = None,
     ) -> int:
         """Write ``sources`` into the buffers captured at ``size``; return the live request count.
 
-        ``sources`` maps buffer names to torch tensors, numpy arrays or lists, on the host or on this
-        device. Every buffer must be given unless its spec says ``keep: true``. The live request count comes
-        from the sources' row counts (evaluating each buffer's ``rows`` rule) or ``num_reqs``; all must
-        agree. Everything is validated first; on any :class:`graphbuf.RefreshError` no byte changes.
+        ``sources``: a mapping of buffer name to torch tensor, numpy array or list, on the host or on this
+        device (every buffer not declared ``keep: true``; the live request count comes from the rows, or
+        ``num_reqs``, and all must agree); or the :class:`BoundSources` from :meth:`bind` (then
+        ``num_reqs`` is required and ``widths`` gives 2-D live widths). Everything is validated first; on
+        any :class:`graphbuf.RefreshError` no byte changes.
 
         After a valid refresh with n live rows and source width w: rows ``[:n, :w]`` equal the source,
-        ``[:n, w:]`` and rows ``[n:]`` equal the pad value (``repeat_last``: the last live row).
+        ``[:n, w:]`` and rows ``[n:]`` equal the pad value (``repeat_last``: the last live row, up to the
+        rows captured at ``size``). Cost: the live cells plus the cells earlier refreshes dirtied
+        (:attr:`stats`).
         """
-        return self._refresher.refresh(size, sources, num_reqs=num_reqs, strict=strict)
+        if not self._lock.acquire(blocking=False):
+            raise self._busy("refresh")
+        try:
+            if torch._C._autograd._profiler_enabled():
+                with torch.profiler.record_function("graphbuf.refresh"):
+                    return self._refresh(size, sources, num_reqs, widths, strict)
+            return self._refresh(size, sources, num_reqs, widths, strict)
+        finally:
+            self._lock.release()
+
+    def _refresh(self, size: Any, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
+        if type(size) is not int or size not in self._views:
+            raise self.layout.size_error("refresh", size)
+        prepared, live = self._prepare("refresh", size, sources, num_reqs, widths, strict)
+        self._commit.write(prepared, size)
+        return live
+
+    def eager_inputs(
+        self,
+        size: int,
+        sources: Mapping[str, Source] | BoundSources,
+        *,
+        num_reqs: int | None = None,
+        widths: Mapping[str, int] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Fresh device tensors for an eager step of ``size`` tokens (above the largest capture size, or a
+        size that runs eagerly), validated exactly as :meth:`refresh` validates (same errors and messages,
+        labelled ``eager(size=N)``) and padded as a refresh pads. Buffers not given (``keep: true``) are
+        the largest capture's views. No byte of the slab changes."""
+        if not self._lock.acquire(blocking=False):
+            raise self._busy("eager_inputs")
+        try:
+            n = count_of(size)
+            if n is None or n < 1:
+                raise RefreshError(f"eager(size={size!r}): allowed: a token count >= 1")
+            prepared, _ = self._prepare("eager", n, sources, num_reqs, widths, None)
+            out = build_eager(self.layout, prepared, n, self.device)
+            largest = self._views[self.capture_sizes[-1]]
+            return {name: out[name] if name in out else largest[name] for name in self.names}
+        finally:
+            self._lock.release()
+
+    def _prepare(
+        self, op: str, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None
+    ) -> tuple[list, int]:
+        label = where(op, size)
+        strict = self.strict if strict is None else strict
+        if isinstance(sources, BoundSources):
+            if sources.buffers is not self:
+                raise RefreshError(f"{label}: these bound sources belong to other StaticBuffers")
+            if num_reqs is None:
+                raise RefreshError(f"{label}: bound sources carry no row counts; pass num_reqs=")
+            return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
+        if widths is not None:
+            raise RefreshError(f"{label}: widths= applies to BoundSources; a mapping's sources carry their widths")
+        return prepare_mapping(self.layout, sources, size, num_reqs, label, strict=strict, device=self.device)
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
-        """Bind persistent host ``sources`` once; refresh them by request count with
-        :meth:`BoundSources.refresh` (see :mod:`graphbuf.bound`).
+        """Bind persistent host ``sources`` once; refresh them with ``refresh(size, bound, num_reqs=n)``
+        (see :mod:`graphbuf.refresh.bound`).
 
         Each bound source must keep its address for as long as it is bound; every buffer not declared
         ``keep: true`` must be bound.
         """
-        return BoundSources(self, sources)
+        if not self._lock.acquire(blocking=False):
+            raise self._busy("bind")
+        try:
+            return BoundSources(self, sources)
+        finally:
+            self._lock.release()
+
+    @staticmethod
+    def _busy(op: str) -> ConcurrentUseError:
+        return ConcurrentUseError(
+            f"{op}(): another thread is using these StaticBuffers (or BoundSources bound to them); use one "
+            "StaticBuffers per thread or serialize the calls"
+        )
 
     def __repr__(self) -> str:
         return (

@@ -31,6 +31,7 @@ from graphbuf.buffers import StaticBuffers
 from graphbuf.errors import AddressChangedError, RefreshError
 from graphbuf.expr import parse_expr
 from graphbuf.graph import Graph
+from graphbuf.refresh import check_num_reqs
 
 __all__ = ["EAGER_CAPTURE_FAILED", "EAGER_REFUSED", "EAGER_TOO_LARGE", "GraphRunner", "RunnerStats", "Step"]
 
@@ -206,13 +207,19 @@ class GraphRunner:
 
     def _live_requests(self, sources: Mapping[str, Any] | BoundSources, num_reqs: int | None) -> int:
         if num_reqs is not None:
-            return num_reqs
+            return check_num_reqs(num_reqs, None, "run()")
         if isinstance(sources, BoundSources):
             raise RefreshError("run(): bound sources carry no row counts; pass num_reqs=")
+        if not isinstance(sources, Mapping):
+            raise RefreshError(f"run(): sources must be a mapping or BoundSources, got {type(sources).__name__}")
         p = self.buffers.plan
         for name, src in sources.items():
             if name in p.names and p[name].rows.names & {"tokens", "requests"}:
-                n = p.requests_for_rows(name, len(src))
+                try:
+                    rows = len(src)
+                except TypeError:
+                    continue  # not a sequence of rows: the refresh names what is wrong with it
+                n = p.requests_for_rows(name, rows)
                 if n is not None:
                     return n
         raise RefreshError("run(): no source determines the live request count; pass num_reqs=")
@@ -248,9 +255,7 @@ class GraphRunner:
         elif size not in self._graphs:
             reason = EAGER_CAPTURE_FAILED
         if reason is not None:
-            if bound:
-                sources = sources.sources(live, widths)  # type: ignore[union-attr]
-            return self._eager(sources, live, host_args, reason)  # type: ignore[arg-type]
+            return self._eager(sources, live, host_args, reason, widths)
 
         t0 = time.perf_counter()
         if bound:
@@ -298,11 +303,17 @@ class GraphRunner:
         return tuple(o[:n] for o, n in zip(output, rows))
 
     def _eager(
-        self, sources: Mapping[str, Any], live: int, host_args: Mapping[str, Mapping[str, Any]], reason: str
+        self,
+        sources: Mapping[str, Any] | BoundSources,
+        live: int,
+        host_args: Mapping[str, Mapping[str, Any]],
+        reason: str,
+        widths: Mapping[str, int] | None = None,
     ) -> Output:
+        # Validated and padded exactly as a refresh (same errors); the captured buffers are not touched.
+        views = self.buffers.eager_inputs(live * self._tpr, sources, num_reqs=live, widths=widths)
         self.stats.eager += 1
         self.stats.eager_reasons[reason] += 1
-        views = self.eager_views(sources, live)
         return self._live_rows(self.fn(Step(live * self._tpr, views, None, host_args, live)), live)
 
     def eager_views(self, sources: Mapping[str, Any], live: int) -> dict[str, torch.Tensor]:

@@ -26,7 +26,6 @@ from graphbuf import (
     StaticBuffers,
     WidthError,
 )
-from graphbuf.refresh import Refresher
 from graphbuf.runner import EAGER_TOO_LARGE, GraphRunner, Step
 
 Mapping = dict[str, Any]
@@ -37,10 +36,8 @@ W4 = {"block_table.a": 4, "block_table.b": 4}  # live widths within the captured
 
 
 def _buffers(spec: Mapping, staged: bool = False) -> StaticBuffers:
-    sb = StaticBuffers(GraphSpec.model_validate(spec), poison=True)
-    if staged:  # the accelerator path (two staging images, one upload) on a cpu slab
-        sb._refresher = Refresher(sb.plan, sb.slab, sb.full, staged=True)
-    return sb
+    # staged: the accelerator path (two staging copies, uploads of the touched rectangles) on a cpu slab
+    return StaticBuffers(GraphSpec.model_validate(spec), poison=True, staging=2 if staged else None)
 
 
 def _persistent(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -327,8 +324,8 @@ REFRESH_ERRORS: list[tuple[str, Callable[..., None], dict[str, Any], type[Except
         RefreshError,
         r"0\.\.7 col",
     ),
-    ("width > captured", _nothing, {"widths": {"block_table.a": 5}}, WidthError, "5 is above.*4 columns"),
-    ("default width", _nothing, {"widths": {"block_table.a": 4}}, WidthError, "'block_table.b': width 7"),
+    ("width > captured", _nothing, {"widths": {"block_table.a": 5}}, WidthError, "is 5 wide, above.*4 columns"),
+    ("default width", _nothing, {"widths": {"block_table.a": 4}}, WidthError, "'block_table.b': source is 7 wide"),
     ("block id", _bad_values("block_table.b", (1, 2), 32), {}, RefreshError, "'block_table.b'.*32 at index"),
     ("negative len", _bad_values("seq_lens", 0, -3), {}, RefreshError, "'seq_lens': value -3 at index"),
     ("slot below -1", _bad_values("slot_mapping", 3, -2), {}, RefreshError, "'slot_mapping': value -2"),

@@ -80,7 +80,7 @@ def test_size_dependent_columns_are_column_slices_of_one_allocation(
 
 def test_view_and_mappings_are_read_only(small_spec: GraphSpec) -> None:
     sb = StaticBuffers(small_spec)
-    with pytest.raises(KeyError, match=r"view\(6\): not a capture size; sizes: 2, 4, 8"):
+    with pytest.raises(RefreshError, match=r"view\(size=6\): not a capture size; sizes: 2, 4, 8"):
         sb.view(6)
     with pytest.raises(TypeError):
         sb.view(2)["seq_lens"] = torch.zeros(1)  # type: ignore[index]

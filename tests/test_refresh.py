@@ -757,27 +757,30 @@ def test_cuda_device_and_host_sources(
         assert slab_bytes(buffers) == before
 
 
-def test_staged_upload_path_copies_once_per_refresh_and_alternates_staging(sb: StaticBuffers) -> None:
-    """The accelerator path (two staging copies, one upload per refresh, an event per upload), driven on a
-    cpu slab: a CUDA/NPU slab takes exactly this path with pinned staging and device events."""
-    from graphbuf.refresh import Refresher
-
-    sb._refresher = Refresher(sb.plan, sb.slab, sb.full, staged=True)
+@pytest.mark.parametrize("depth", [2, 3])
+def test_staged_upload_path_cycles_staging_copies_and_uploads_live_rectangles(
+    spec_mapping: Callable[[], Mapping], depth: int
+) -> None:
+    """The accelerator path (``depth`` staging copies, one upload per touched buffer rectangle, an event per
+    refresh), driven on a cpu slab: a CUDA/NPU slab takes exactly this path with pinned staging and device
+    events."""
+    sb = StaticBuffers(GraphSpec.model_validate(spec_mapping()), poison=True, staging=depth)
+    assert sb.staging == depth
     turns = []
-    for n in (4, 1, 3, 0, 2, 4):
+    for n in (4, 1, 3, 0, 2, 4, 1):
         sources = _arrays(n)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            turns.append(sb._refresher._turn)
             assert sb.refresh(8, sources) == n
         copies = [e for e in prof.events() if e.name == "aten::copy_"]
-        assert len(copies) == 1, [e.name for e in prof.events()]  # ONE upload of the assembled span
+        assert len(copies) == len(sources), [e.name for e in prof.events()]  # one upload per buffer
         view = sb.view(8)
         np.testing.assert_array_equal(view["seq_lens"].numpy()[:n], sources["seq_lens"])
         assert (view["seq_lens"].numpy()[n:] == 0).all()
         np.testing.assert_array_equal(view["block_table.a"].numpy()[:n, :4], sources["block_table.a"])
         assert (view["block_table.a"].numpy()[n:] == 0).all()
-    assert turns == [0, 1, 0, 1, 0, 1]
+    assert sb.stats.refreshes == 7
     before = sb.slab.numpy().tobytes()
     with pytest.raises(WidthError):
         sb.refresh(8, {**_arrays(2), "block_table.a": np.zeros((2, 99), dtype=np.int32)})
     assert sb.slab.numpy().tobytes() == before
+    assert sb.stats.refreshes == 7

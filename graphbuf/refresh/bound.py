@@ -1,0 +1,171 @@
+"""The bound front-end: host buffers given once (vLLM's persistent ``CpuGpuBuffer`` style), refreshed by
+live request count.
+
+Binding moves the per-source type work out of the step: each refresh slices the live rows (its spec
+``rows`` rule at ``num_reqs``) and live width of every bound source and sends those views through the same
+validation as a mapping refresh (:func:`graphbuf.refresh.validate.check_source`), so both give the same
+errors for the same values.
+
+Invariants:
+  * a bound torch tensor keeps its address, shape and strides: all three are compared on every refresh
+    (``set_`` rebinds the address; ``resize_`` keeps it and changes the shape) and a change raises
+    :class:`AddressChangedError` before anything is read;
+  * a bound numpy array is held as given: numpy cannot rebind an array, so nothing is watched; rebinding a
+    name in your code to a new array does not change what is bound (bind again);
+  * bound memory is read only inside a refresh; writing it from another thread meanwhile is a race.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from graphbuf.errors import AddressChangedError, RefreshError, RowsError
+from graphbuf.refresh.layout import NP_OF_TORCH
+from graphbuf.refresh.validate import Prepared, check_num_reqs, check_source, check_typed, check_widths
+
+if TYPE_CHECKING:
+    from graphbuf.buffers import StaticBuffers
+
+__all__ = ["BoundSources"]
+
+_NO_WIDTHS: dict[str, int] = {}  # never written
+
+
+class BoundSources:
+    """Host sources bound to the buffers of one :class:`StaticBuffers` (made by :meth:`StaticBuffers.bind`).
+
+    Every buffer not declared ``keep: true`` must be bound. A source is a torch CPU tensor (pinned or not)
+    or a plain numpy array of a dtype that casts safely to its buffer's, with contiguous elements in its
+    last dimension and at least as many rows as the buffer's largest capture holds; it may be wider than
+    the buffer's allocation (only the live width given per refresh is read).
+    """
+
+    def __init__(self, buffers: StaticBuffers, sources: Any) -> None:
+        self.buffers = buffers
+        layout = buffers.layout
+        self._layout = layout
+        label = "bind()"
+        if not isinstance(sources, Mapping):
+            raise RefreshError(f"{label}: sources must be a mapping of buffer name to source, got {type(sources).__name__}")
+        entries = []
+        watch = []
+        for name, src in sources.items():
+            slot = layout.slot(label, name)
+            if type(src) is torch.Tensor:
+                if src.device.type != "cpu":
+                    raise layout.fail(
+                        RefreshError, name, label,
+                        f"source is on {src.device}; bind() takes host memory (a torch cpu tensor or a numpy "
+                        "array); pass device tensors to refresh()",
+                    )  # fmt: skip
+                if src.dtype not in NP_OF_TORCH or src.layout != torch.strided or src.is_conj() or src.is_neg():
+                    raise layout.fail(
+                        RefreshError, name, label,
+                        f"a {str(src.dtype).removeprefix('torch.')} {str(src.layout).removeprefix('torch.')} "
+                        "tensor has no numpy view; bind a dense tensor of a numpy-compatible dtype or pass it "
+                        "to refresh()",
+                    )  # fmt: skip
+                arr = src.detach().numpy()
+                watch.append((name, src, src.data_ptr(), src.shape, src.stride()))
+            elif type(src) is np.ndarray:
+                arr = src
+            else:
+                raise layout.fail(
+                    RefreshError, name, label,
+                    f"unsupported source type {type(src).__name__}; bind() takes memory that keeps its "
+                    "address: torch.Tensor (cpu) or a plain numpy.ndarray",
+                )  # fmt: skip
+            check_typed(slot, arr, name, label)
+            b = slot.plan
+            need = max(c[0] for c in slot.capacity.values())
+            if arr.ndim == 0 or arr.shape[0] < need:
+                raise layout.fail(
+                    RowsError, name, label,
+                    f"source has {arr.shape[0] if arr.ndim else 0} rows; the largest capture reads up to "
+                    f"{need} (rows = {b.rows.text})",
+                )  # fmt: skip
+            wide = b.ndim == 2
+            entries.append((slot, arr, name, wide, arr.shape[1] if wide else 0))
+        if not layout.required.issubset(sources):
+            raise layout.missing_error(label, sources)
+        self._entries = tuple(entries)
+        self._watch = tuple(watch)
+        self._wide = frozenset(e[2] for e in entries if e[3])
+        self.names: tuple[str, ...] = tuple(sources)
+
+    def check_moved(self, label: str) -> None:
+        """Raise :class:`AddressChangedError` if a bound tensor changed address, shape or strides."""
+        for name, t, ptr, shape, stride in self._watch:
+            if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride:
+                raise AddressChangedError(
+                    f"{label}: bound source {name!r} moved: bound at {ptr:#x} shape {list(shape)} stride "
+                    f"{list(stride)}, now {t.data_ptr():#x} shape {list(t.shape)} stride {list(t.stride())}; "
+                    "a bound tensor must keep its address and layout (set_ rebinds, resize_ reshapes): bind "
+                    "it again"
+                )
+
+    def prepare(
+        self, size: int, num_reqs: Any, widths: Any, label: str, *, strict: bool, device: torch.device
+    ) -> tuple[list[Prepared], int]:
+        """Validate the live rows and widths of every bound source at ``size`` tokens (a capture size, or
+        any count for an eager step); return them prepared and the live request count."""
+        layout = self._layout
+        n = check_num_reqs(num_reqs, layout.max_requests.get(size, None), label, size)
+        self.check_moved(label)
+        w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
+        prepared = []
+        for slot, arr, name, wide, width in self._entries:
+            rows = layout.rows_at(slot, size, n)
+            if rows > arr.shape[0]:
+                raise layout.fail(
+                    RowsError, name, label,
+                    f"{n} requests need {rows} rows (rows = {slot.plan.rows.text}); the bound source has "
+                    f"{arr.shape[0]}",
+                )  # fmt: skip
+            if wide:
+                w = w_of.get(name, width)
+                if not 0 <= w <= arr.shape[1]:
+                    raise layout.fail(
+                        RefreshError, name, label, f"width {w} outside the bound source's 0..{arr.shape[1]} columns"
+                    )
+                live = arr[:rows, :w]
+            else:
+                live = arr[:rows]
+            prepared.append(check_source(layout, name, live, size, label, strict=strict, device=device))
+        return prepared, n
+
+    def refresh(self, size: int, num_reqs: int, *, widths: Mapping[str, int] | None = None) -> int:
+        """Same as ``buffers.refresh(size, self, num_reqs=num_reqs, widths=widths)``."""
+        return self.buffers.refresh(size, self, num_reqs=num_reqs, widths=widths)
+
+    def sources(self, num_reqs: int, widths: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """The live rows of every bound source at ``num_reqs`` requests (numpy views, no copy, no value
+        checks): what an eager step would read."""
+        label = "sources()"
+        n = check_num_reqs(num_reqs, None, label)
+        self.check_moved(label)
+        w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
+        size = n * self._layout.tokens_per_request
+        out = {}
+        for slot, arr, name, wide, width in self._entries:
+            rows = self._layout.rows_at(slot, size, n)
+            if rows > arr.shape[0]:
+                raise self._layout.fail(
+                    RowsError, name, label,
+                    f"{n} requests need {rows} rows (rows = {slot.plan.rows.text}); the bound source has "
+                    f"{arr.shape[0]}",
+                )  # fmt: skip
+            w = w_of.get(name, width)
+            if wide and not 0 <= w <= arr.shape[1]:
+                raise self._layout.fail(
+                    RefreshError, name, label, f"width {w} outside the bound source's 0..{arr.shape[1]} columns"
+                )
+            out[name] = arr[:rows, :w] if wide else arr[:rows]
+        return out
+
+    def __repr__(self) -> str:
+        return f"BoundSources({', '.join(self.names)})"

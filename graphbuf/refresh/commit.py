@@ -1,0 +1,177 @@
+"""Staging and commit: the only code that writes buffer memory, and the only device code of a refresh.
+
+Per buffer a high-water mark (rows, cols) bounds the cells that may differ from the pad: rows at and past
+``rows`` and columns at and past ``cols`` hold the pad in every row. A write of ``n`` live rows × ``w`` live
+columns touches the rectangle ``[:max(n, end, rows), :max(w, cols)]`` of that buffer only (``end``: the
+last padded row a ``repeat_last`` buffer fills at this capture size), so a refresh costs O(live rows × live
+width + the cells earlier refreshes dirtied), never O(capacity).
+
+On the cpu the rectangles are written into the slab in place. Staged (every accelerator; a cpu slab on
+request) they are written into one of ``depth`` host staging copies, then uploaded rectangle by rectangle
+with non-blocking copies on the device's current stream, then device-resident sources are copied on the
+device. An event recorded after the uploads fences each staging copy: it is reused only after its last
+upload finished, so ``depth`` must be at least the number of refreshes in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphbuf.refresh.layout import Layout, Slot
+from graphbuf.refresh.validate import Prepared
+
+__all__ = ["Committer", "RefreshStats", "write_live"]
+
+
+@dataclass(frozen=True)
+class RefreshStats:
+    """Byte accounting of the refreshes of one :class:`graphbuf.StaticBuffers`.
+
+    ``last_bytes``: bytes the last refresh wrote into the slab (cpu) or uploaded (staged), summed over the
+    rectangle it touched in each buffer; ``total_bytes``: the sum over all ``refreshes``.
+    """
+
+    refreshes: int = 0
+    last_bytes: int = 0
+    total_bytes: int = 0
+
+
+def write_live(
+    t: np.ndarray, src: np.ndarray | None, slot: Slot, n: int, w: int, end: int, rows: int, cols: int
+) -> tuple[int, int]:
+    """THE live-row write: ``src`` into ``t[:n, :w]``; every other cell of ``t[:R, :C]`` (``R = max(n, end,
+    rows)``, ``C = max(w, cols)``) to the pad, or rows ``n..end`` to the last live row under
+    ``repeat_last``. ``rows``/``cols`` is ``t``'s high-water mark; return the new one. ``src`` None: the live
+    cells are written elsewhere (a device source); the rest still is."""
+    if t.ndim == 1:
+        if src is not None:
+            t[:n] = src
+        top = n
+        if slot.repeat_last and n and end > n:
+            t[n:end] = t[n - 1]
+            top = end
+        if rows > top:
+            t[top:rows] = slot.pad
+        return top, 0
+    c = w if w > cols else cols
+    if src is not None:
+        t[:n, :w] = src
+    if c > w and n:
+        t[:n, w:c] = slot.pad
+    top = n
+    if slot.repeat_last and n and end > n:
+        t[n:end, :c] = t[n - 1, :c]
+        top = end
+    if rows > top:
+        t[top:rows, :c] = slot.pad
+    return top, (w if top else 0)
+
+
+class Committer:
+    """Writes validated sources into one slab, tracking each buffer's high-water mark and the bytes moved.
+
+    ``staging``: None writes a cpu slab in place; N >= 1 assembles in N host staging copies (pinned off
+    the cpu) and uploads from them (the default on accelerators is 2).
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        slab: torch.Tensor,
+        full: Mapping[str, torch.Tensor],
+        *,
+        staging: int | None,
+        dirty: bool,
+    ) -> None:
+        self.layout = layout
+        self.device = slab.device
+        self.staged = staging is not None
+        self._full = tuple(full[s.name] for s in layout.order)
+        shapes = [s.plan.shape for s in layout.order]
+        # Marks as lists indexed by slot: the pad fill in StaticBuffers leaves every buffer clean (poison: dirty).
+        self._rows = [sh[0] if dirty else 0 for sh in shapes]
+        self._cols = [(sh[1] if len(sh) > 1 else 0) if dirty else 0 for sh in shapes]
+        if not self.staged:
+            self._targets = [[_np_view(t, s) for t, s in zip(self._full, layout.order)]]
+            self._stage_t: list[tuple[torch.Tensor, ...]] = []
+        else:
+            pin = slab.device.type != "cpu"  # pinned host memory is what makes an upload asynchronous
+            images = [torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=pin) for _ in range(staging)]
+            self._stage_t = [
+                tuple(img[s.plan.offset : s.plan.offset + s.plan.nbytes].view(t.dtype).view(t.shape)
+                      for t, s in zip(self._full, layout.order))
+                for img in images
+            ]  # fmt: skip
+            self._targets = [[_np_view(t, s) for t, s in zip(views, layout.order)] for views in self._stage_t]
+        self._events: list[Any] = [None] * len(self._targets)
+        self._turn = 0
+        self._refreshes = 0
+        self._last = 0
+        self._total = 0
+
+    @property
+    def depth(self) -> int:
+        """Host staging copies (1 when writing a cpu slab in place)."""
+        return len(self._targets)
+
+    @property
+    def turn(self) -> int:
+        """The staging copy the next refresh assembles in."""
+        return self._turn
+
+    @property
+    def stats(self) -> RefreshStats:
+        return RefreshStats(self._refreshes, self._last, self._total)
+
+    def write(self, prepared: Sequence[Prepared], size: int) -> None:
+        """Write every validated source at capture size ``size``. Validation is over: this never raises on
+        a source."""
+        k = self._turn
+        if self._events[k] is not None:
+            self._events[k].synchronize()  # the upload that last read this staging copy has finished
+        targets = self._targets[k]
+        rows_of, cols_of = self._rows, self._cols
+        moved = 0
+        touched = []
+        for p in prepared:
+            slot, host, _, n, w = p
+            i = slot.index
+            rows, cols = rows_of[i], cols_of[i]
+            end = slot.capacity[size][0] if slot.repeat_last else 0
+            rows_of[i], cols_of[i] = write_live(targets[i], host, slot, n, w, end, rows, cols)
+            r = max(n, end, rows)
+            c = max(w, cols) if slot.plan.ndim == 2 else 1
+            moved += r * c * slot.np_dtype.itemsize
+            touched.append((p, end, r, c))
+        if self.staged:
+            self._upload(k, touched)
+        self._refreshes += 1
+        self._last = moved
+        self._total += moved
+
+    def _upload(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> None:
+        staged = self._stage_t[k]
+        for (slot, _, dev, n, w), end, r, c in touched:
+            dst, src = self._full[slot.index], staged[slot.index]
+            wide = dst.dim() == 2
+            if r and c:
+                (dst[:r, :c] if wide else dst[:r]).copy_(src[:r, :c] if wide else src[:r], non_blocking=True)
+            if dev is not None:  # device-resident source: its live cells, then its repeated rows
+                (dst[:n, :w] if wide else dst[:n]).copy_(dev, non_blocking=True)
+                if slot.repeat_last and end > n:
+                    tail = dst[n:end, :c] if wide else dst[n:end]
+                    tail.copy_((dst[n - 1 : n, :c] if wide else dst[n - 1 : n]).expand_as(tail))
+        event = getattr(torch, self.device.type).Event()
+        event.record()
+        self._events[k] = event
+        self._turn = (k + 1) % len(self._targets)
+
+
+def _np_view(t: torch.Tensor, slot: Slot) -> np.ndarray:
+    """A numpy view of host tensor ``t`` in the slot's numpy element type (int16 bits for bfloat16)."""
+    return (t.view(torch.int16) if slot.bf16 else t).numpy()
