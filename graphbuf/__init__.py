@@ -86,7 +86,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from graphbuf.refresh import BoundSources
     from graphbuf.buffers import StaticBuffers
     from graphbuf.errors import (
         AddressChangedError,
@@ -104,6 +103,7 @@ if TYPE_CHECKING:
     )
     from graphbuf.graph import Graph
     from graphbuf.planner import BufferPlan, Plan, plan
+    from graphbuf.refresh import BoundSources
     from graphbuf.runner import GraphRunner, RunnerStats, Step
     from graphbuf.spec import GraphSpec, load_spec
     from graphbuf.tasks import CapturedTask, TaskKind

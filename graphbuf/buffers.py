@@ -53,7 +53,9 @@ def _device(device: Any) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as exc:
-        raise UnknownDeviceError(f"StaticBuffers(device={device!r}): unknown device ({exc}); allowed: {allowed}") from None
+        raise UnknownDeviceError(
+            f"StaticBuffers(device={device!r}): unknown device ({exc}); allowed: {allowed}"
+        ) from None
     if dev.type not in _DEVICE_TYPES:
         raise UnknownDeviceError(f"StaticBuffers(device={device!r}): unknown device type; allowed: {allowed}")
     if dev.type == "cpu":
@@ -112,7 +114,9 @@ class StaticBuffers:
         if staging is None and self.device.type != "cpu":
             staging = 2
         if staging is not None and (count_of(staging) is None or staging < 1):
-            raise ValueError(f"StaticBuffers(staging={staging!r}): allowed: an integer >= 1, or None on the cpu")
+            raise ValueError(
+                f"StaticBuffers(staging={staging!r}): allowed: an integer >= 1, or None on the cpu"
+            )
         self.plan: Plan = (
             spec if isinstance(spec, Plan) else plan(spec, overrides=overrides, max_bytes=max_bytes)
         )
@@ -255,7 +259,9 @@ class StaticBuffers:
                 raise RefreshError(f"{label}: bound sources carry no row counts; pass num_reqs=")
             return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
         if widths is not None:
-            raise RefreshError(f"{label}: widths= applies to BoundSources; a mapping's sources carry their widths")
+            raise RefreshError(
+                f"{label}: widths= applies to BoundSources; a mapping's sources carry their widths"
+            )
         return prepare_mapping(self.layout, sources, size, num_reqs, label, strict=strict, device=self.device)
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:

@@ -211,7 +211,9 @@ class GraphRunner:
         if isinstance(sources, BoundSources):
             raise RefreshError("run(): bound sources carry no row counts; pass num_reqs=")
         if not isinstance(sources, Mapping):
-            raise RefreshError(f"run(): sources must be a mapping or BoundSources, got {type(sources).__name__}")
+            raise RefreshError(
+                f"run(): sources must be a mapping or BoundSources, got {type(sources).__name__}"
+            )
         p = self.buffers.plan
         for name, src in sources.items():
             if name in p.names and p[name].rows.names & {"tokens", "requests"}:

@@ -209,9 +209,7 @@ def test_refresh_needs_a_source_or_num_reqs_for_the_live_count(
     d = spec_mapping()
     d["buffers"] = {"fixed": {"dtype": "int32", "rows": 3, "pad": 9}}
     buffers = StaticBuffers(GraphSpec.model_validate(d))
-    with pytest.raises(
-        RefreshError, match=r"no source determines the live request count; pass num_reqs="
-    ):
+    with pytest.raises(RefreshError, match=r"no source determines the live request count; pass num_reqs="):
         buffers.refresh(4, {"fixed": [1]})
     assert buffers.refresh(4, {"fixed": [1]}, num_reqs=2) == 2
     assert buffers.view(4)["fixed"].tolist() == [1, 9, 9]
@@ -766,7 +764,6 @@ def test_staged_upload_path_cycles_staging_copies_and_uploads_live_rectangles(
     events."""
     sb = StaticBuffers(GraphSpec.model_validate(spec_mapping()), poison=True, staging=depth)
     assert sb.staging == depth
-    turns = []
     for n in (4, 1, 3, 0, 2, 4, 1):
         sources = _arrays(n)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

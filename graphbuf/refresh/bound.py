@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from graphbuf.errors import AddressChangedError, RefreshError, RowsError
-from graphbuf.refresh.layout import NP_OF_TORCH
+from graphbuf.refresh.layout import NP_OF_TORCH, dtype_name
 from graphbuf.refresh.validate import Prepared, check_num_reqs, check_source, check_typed, check_widths
 
 if TYPE_CHECKING:
@@ -50,7 +50,9 @@ class BoundSources:
         self._layout = layout
         label = "bind()"
         if not isinstance(sources, Mapping):
-            raise RefreshError(f"{label}: sources must be a mapping of buffer name to source, got {type(sources).__name__}")
+            raise RefreshError(
+                f"{label}: sources must be a mapping of buffer name to source, got {type(sources).__name__}"
+            )
         entries = []
         watch = []
         for name, src in sources.items():
@@ -62,12 +64,16 @@ class BoundSources:
                         f"source is on {src.device}; bind() takes host memory (a torch cpu tensor or a numpy "
                         "array); pass device tensors to refresh()",
                     )  # fmt: skip
-                if src.dtype not in NP_OF_TORCH or src.layout != torch.strided or src.is_conj() or src.is_neg():
+                if (
+                    src.dtype not in NP_OF_TORCH
+                    or src.layout != torch.strided
+                    or src.is_conj()
+                    or src.is_neg()
+                ):
                     raise layout.fail(
                         RefreshError, name, label,
-                        f"a {str(src.dtype).removeprefix('torch.')} {str(src.layout).removeprefix('torch.')} "
-                        "tensor has no numpy view; bind a dense tensor of a numpy-compatible dtype or pass it "
-                        "to refresh()",
+                        f"a {dtype_name(src.dtype)} {dtype_name(src.layout)} tensor has no numpy view; "
+                        "bind a dense tensor of a numpy-compatible dtype or pass it to refresh()",
                     )  # fmt: skip
                 arr = src.detach().numpy()
                 watch.append((name, src, src.data_ptr(), src.shape, src.stride()))
@@ -130,7 +136,10 @@ class BoundSources:
                 w = w_of.get(name, width)
                 if not 0 <= w <= arr.shape[1]:
                     raise layout.fail(
-                        RefreshError, name, label, f"width {w} outside the bound source's 0..{arr.shape[1]} columns"
+                        RefreshError,
+                        name,
+                        label,
+                        f"width {w} outside the bound source's 0..{arr.shape[1]} columns",
                     )
                 live = arr[:rows, :w]
             else:
@@ -162,7 +171,10 @@ class BoundSources:
             w = w_of.get(name, width)
             if wide and not 0 <= w <= arr.shape[1]:
                 raise self._layout.fail(
-                    RefreshError, name, label, f"width {w} outside the bound source's 0..{arr.shape[1]} columns"
+                    RefreshError,
+                    name,
+                    label,
+                    f"width {w} outside the bound source's 0..{arr.shape[1]} columns",
                 )
             out[name] = arr[:rows, :w] if wide else arr[:rows]
         return out

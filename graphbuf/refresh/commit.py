@@ -93,7 +93,7 @@ class Committer:
         self.staged = staging is not None
         self._full = tuple(full[s.name] for s in layout.order)
         shapes = [s.plan.shape for s in layout.order]
-        # Marks as lists indexed by slot: the pad fill in StaticBuffers leaves every buffer clean (poison: dirty).
+        # High-water marks by slot index: the pad fill leaves every buffer clean (poison: all dirty).
         self._rows = [sh[0] if dirty else 0 for sh in shapes]
         self._cols = [(sh[1] if len(sh) > 1 else 0) if dirty else 0 for sh in shapes]
         if not self.staged:

@@ -36,7 +36,8 @@ def prepare_mapping(
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
     prepared = [
-        check_source(layout, name, src, size, label, strict=strict, device=device) for name, src in sources.items()
+        check_source(layout, name, src, size, label, strict=strict, device=device)
+        for name, src in sources.items()
     ]
     if len(prepared) < len(layout.required) or not layout.required.issubset(sources.keys()):
         raise layout.missing_error(label, sources.keys())

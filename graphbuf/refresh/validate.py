@@ -24,7 +24,11 @@ __all__ = [
     "check_num_reqs",
     "check_source",
     "check_typed",
-    "check_widths", "check_values", "count_of", "live_requests"]
+    "check_values",
+    "check_widths",
+    "count_of",
+    "live_requests",
+]
 
 #: What a refresh takes per buffer: a torch tensor, a numpy array or a (nested) list of numbers.
 Source = torch.Tensor | np.ndarray | Sequence[Any]
@@ -75,7 +79,10 @@ def check_source(
             _check_torch_dtype(slot, src.dtype, name, label)
             if src.dim() != slot.plan.ndim:
                 raise layout.fail(
-                    RefreshError, name, label, f"expected {slot.plan.ndim}-D source, got shape {list(src.shape)}"
+                    RefreshError,
+                    name,
+                    label,
+                    f"expected {slot.plan.ndim}-D source, got shape {list(src.shape)}",
                 )
             if src.dim() and src.shape[-1] > 1 and src.stride(-1) != 1:
                 raise layout.fail(
@@ -110,7 +117,10 @@ def check_source(
     if rows > cap_rows:
         held = "capture size" if size in slot.capacity else "an eager step of"
         raise layout.fail(
-            RowsError, name, label, f"{rows} live rows, but {held} {size} holds {cap_rows} (rows = {b.rows.text})"
+            RowsError,
+            name,
+            label,
+            f"{rows} live rows, but {held} {size} holds {cap_rows} (rows = {b.rows.text})",
         )
     width = 0
     if b.ndim == 2:
@@ -166,7 +176,10 @@ def _check_torch_dtype(slot: Slot, dtype: torch.dtype, name: str, label: str) ->
         ok = dtype in NP_OF_TORCH and np.can_cast(NP_OF_TORCH[dtype], slot.np_dtype, "safe")
     if not ok:
         raise Layout.fail(
-            RefreshError, name, label, f"dtype {dtype_name(dtype)} cannot be cast safely to {dtype_name(slot.plan.dtype)}"
+            RefreshError,
+            name,
+            label,
+            f"dtype {dtype_name(dtype)} cannot be cast safely to {dtype_name(slot.plan.dtype)}",
         )
 
 
@@ -192,7 +205,10 @@ def check_typed(slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
         ok = arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, slot.np_dtype, "safe")
     if not ok:
         raise Layout.fail(
-            RefreshError, name, label, f"dtype {arr.dtype} cannot be cast safely to {dtype_name(slot.plan.dtype)}"
+            RefreshError,
+            name,
+            label,
+            f"dtype {arr.dtype} cannot be cast safely to {dtype_name(slot.plan.dtype)}",
         )
     _check_layout(slot, arr, name, label)
 
@@ -209,7 +225,9 @@ def _from_list(slot: Slot, src: list | tuple, name: str, label: str) -> np.ndarr
         shape = (0, 0) if arr.shape == (0,) and slot.plan.ndim == 2 else arr.shape
         arr = arr.astype(slot.np_dtype).reshape(shape)
     if arr.dtype.kind not in "biuf":
-        raise Layout.fail(RefreshError, name, label, f"list holds {arr.dtype} values; allowed: numbers of one shape")
+        raise Layout.fail(
+            RefreshError, name, label, f"list holds {arr.dtype} values; allowed: numbers of one shape"
+        )
     logical = dtype_name(slot.plan.dtype)
     if arr.dtype.kind == "f" and slot.kind != "f":
         raise Layout.fail(RefreshError, name, label, f"list holds floats; {logical} takes integers")
@@ -221,7 +239,9 @@ def _from_list(slot: Slot, src: list | tuple, name: str, label: str) -> np.ndarr
         lo, hi = (0, 1) if info is None else (int(info.min), int(info.max))
         amin, amax = int(arr.min()), int(arr.max())
         if amin < lo or amax > hi:
-            raise Layout.fail(RefreshError, name, label, f"values {amin}..{amax} do not fit {logical} ({lo}..{hi})")
+            raise Layout.fail(
+                RefreshError, name, label, f"values {amin}..{amax} do not fit {logical} ({lo}..{hi})"
+            )
         return arr
     if slot.plan.dtype == torch.float64:
         return arr
@@ -252,7 +272,9 @@ def _from_list(slot: Slot, src: list | tuple, name: str, label: str) -> np.ndarr
     return arr
 
 
-def _bounds_error(layout: Layout, slot: Slot, name: str, label: str, at: Any, value: Any, which: str) -> RefreshError:
+def _bounds_error(
+    layout: Layout, slot: Slot, name: str, label: str, at: Any, value: Any, which: str
+) -> RefreshError:
     b = slot.plan
     limit = b.min if which == "min" else b.max
     spec = layout.plan.spec.buffers[b.spec_name]
@@ -303,7 +325,9 @@ def check_num_reqs(num_reqs: Any, cap: int | None, label: str, size: Any = None)
     return n
 
 
-def live_requests(layout: Layout, prepared: list[Prepared], size: int, num_reqs: int | None, label: str) -> int:
+def live_requests(
+    layout: Layout, prepared: list[Prepared], size: int, num_reqs: int | None, label: str
+) -> int:
     """The live request count every source's rows agree on (with ``num_reqs`` when given)."""
     live, source = num_reqs, "num_reqs"
     for slot, _, _, rows, _ in prepared:
@@ -316,7 +340,10 @@ def live_requests(layout: Layout, prepared: list[Prepared], size: int, num_reqs:
                 found = layout.plan.requests_for_rows(name, rows)
             if found is None:
                 raise Layout.fail(
-                    RefreshError, name, label, f"{rows} rows match no live request count (rows = {slot.plan.rows.text})"
+                    RefreshError,
+                    name,
+                    label,
+                    f"{rows} rows match no live request count (rows = {slot.plan.rows.text})",
                 )
             live, source = found, name
         else:
@@ -335,7 +362,9 @@ def live_requests(layout: Layout, prepared: list[Prepared], size: int, num_reqs:
 def check_widths(widths: Any, wide: frozenset[str], label: str) -> dict[str, int]:
     """``widths`` (name → live width of a bound 2-D buffer) as ints; bool, float and str rejected."""
     if not isinstance(widths, Mapping):
-        raise RefreshError(f"{label}: widths must be a mapping of buffer name to width, got {type(widths).__name__}")
+        raise RefreshError(
+            f"{label}: widths must be a mapping of buffer name to width, got {type(widths).__name__}"
+        )
     out = {}
     for name, w in widths.items():
         if name not in wide:
