@@ -50,17 +50,14 @@ def _device(device: Any) -> torch.device:
     """``device`` as a torch.device present on this machine: UnknownDeviceError for a name that is not
     cpu/cuda[:N]/npu[:N], DeviceUnavailableError for one this machine lacks."""
     allowed = "cpu, cuda[:N], npu[:N]"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as exc:
-        raise UnknownDeviceError(
-            f"StaticBuffers(device={device!r}): unknown device ({exc}); allowed: {allowed}"
-        ) from None
-    if dev.type not in _DEVICE_TYPES:
-        raise UnknownDeviceError(f"StaticBuffers(device={device!r}): unknown device type; allowed: {allowed}")
-    if dev.type == "cpu":
-        return dev
-    if dev.type == "npu":
+    kind = device.type if isinstance(device, torch.device) else None
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind not in _DEVICE_TYPES or (index and not index.isdigit()):
+            raise UnknownDeviceError(f"StaticBuffers(device={device!r}): unknown device; allowed: {allowed}")
+    if kind not in _DEVICE_TYPES:
+        raise UnknownDeviceError(f"StaticBuffers(device={device!r}): unknown device; allowed: {allowed}")
+    if kind == "npu":  # torch knows the name "npu" only once torch_npu is imported
         try:
             import torch_npu  # noqa: F401
         except (ImportError, OSError, RuntimeError) as exc:
@@ -68,6 +65,9 @@ def _device(device: Any) -> torch.device:
                 f"StaticBuffers(device={device!r}) needs torch_npu and an Ascend NPU; importing torch_npu "
                 f"failed: {exc!r}"
             ) from None
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return dev
     mod = getattr(torch, dev.type, None)
     count = mod.device_count() if mod is not None and mod.is_available() else 0
     if count == 0 or (dev.index is not None and dev.index >= count):
