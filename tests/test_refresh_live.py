@@ -278,9 +278,7 @@ def test_a_bound_tensor_is_watched_on_address_shape_and_stride(
     spec_mapping: Callable[[], dict[str, Any]],
 ) -> None:
     sb = StaticBuffers(_spec(spec_mapping))
-    src = {
-        k: torch.zeros((8, *v.shape[1:]), dtype=torch.from_numpy(v).dtype) for k, v in _sources(4).items()
-    }
+    src = {k: torch.zeros((8, *v.shape[1:]), dtype=torch.from_numpy(v).dtype) for k, v in _sources(4).items()}
     seq = torch.zeros(16, dtype=torch.int32)
     src["seq_lens"] = seq[:8]
     bound = sb.bind(src)
