@@ -7,6 +7,9 @@ Benchmarks, in order, each in this process (JSON file in ``--out``):
 
 * ``refresh`` (``refresh.json``): graphbuf refresh vs a hand-written floor vs per-layer resolution, every
   capture size, full and half batches, and a layer-count sweep (also plotted to ``--plot``).
+* ``capacity`` (``capacity.json``): refresh cost vs buffer capacity (0.03 → 128 MiB) at fixed live work,
+  a live sweep at 128K × 256, a vLLM-style contender and a plain numpy copy (plotted to
+  ``refresh_vs_capacity.png`` beside ``--plot``).
 * ``address_check`` (``address_check.json``): the per-replay address check as a share of a replay step.
 * ``emulator`` (``emulator.json``): CPU emulator replay vs eager (``bench/bench_emulator.py``).
 * ``cuda`` (``cuda.json``): copies per refresh, refresh µs, graph replay vs eager; skipped without CUDA.
@@ -31,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_address_check
+import bench_capacity
 import bench_cuda
 import bench_emulator
 import bench_refresh
@@ -46,6 +50,13 @@ def _refresh(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
     res = bench_refresh.run(quick=quick)
     print(bench_refresh.render(res))
     return [write_json(out / "refresh.json", "refresh", res), bench_refresh.plot_layers(res, plot)]
+
+
+def _capacity(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
+    res = bench_capacity.run(quick=quick)
+    print(bench_capacity.render(res))
+    png = plot.with_name("refresh_vs_capacity.png")
+    return [write_json(out / "capacity.json", "capacity", res), bench_capacity.plot(res, png)]
 
 
 def _address_check(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
@@ -79,6 +90,7 @@ def _verify(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
 
 BENCHMARKS: dict[str, Callable[[bool, Path, Path, int], list[Path]]] = {
     "refresh": _refresh,
+    "capacity": _capacity,
     "address_check": _address_check,
     "emulator": _emulator,
     "cuda": _cuda,

@@ -45,10 +45,24 @@ def test_run_py_succeeds_and_writes_every_json_and_the_plot(
 ) -> None:
     proc, out, plot = quick_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    for name in ("refresh", "address_check", "emulator", "cuda", "verify"):
+    for name in ("refresh", "capacity", "address_check", "emulator", "cuda", "verify"):
         assert f"=== {name} ===" in proc.stdout
         _results(out, name)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.with_name("refresh_vs_capacity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_capacity_results_hold_every_envelope_and_live_count(
+    quick_run: tuple[subprocess.CompletedProcess[str], Path, Path],
+) -> None:
+    _, out, _ = quick_run
+    res = _results(out, "capacity")["results"]
+    assert res["capacity"][0]["envelope"] == "4K x 16" and res["capacity"][-1]["capacity_mib"] >= 64
+    for r in res["capacity"]:  # the same live work moves the same bytes whatever the capacity
+        assert r["last_bytes"] == res["capacity"][0]["last_bytes"]
+    assert res["live"][-1]["live_requests"] == 256
+    for r in res["live"]:
+        assert r["last_bytes"] == r["live_bytes"]
 
 
 def test_refresh_results_hold_every_source_form_at_every_size(

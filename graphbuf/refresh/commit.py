@@ -145,7 +145,7 @@ class Committer:
             end = slot.capacity[size][0] if slot.repeat_last else 0
             rows_of[i], cols_of[i] = write_live(targets[i], host, slot, n, w, end, rows, cols)
             r = max(n, end, rows)
-            c = max(w, cols) if slot.plan.ndim == 2 else 1
+            c = max(w, cols) if slot.ndim == 2 else 1
             moved += r * c * slot.np_dtype.itemsize
             touched.append((p, end, r, c))
         if self.staged:

@@ -38,6 +38,7 @@ Source = torch.Tensor | np.ndarray | Sequence[Any]
 Prepared = tuple[Slot, np.ndarray | None, torch.Tensor | None, int, int]
 
 _BF16_SAFE_FROM = frozenset((torch.bool, torch.uint8, torch.int8, torch.bfloat16))
+_UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
 _BF16_SAFE_NP = frozenset((np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.int8)))
 
 
@@ -77,12 +78,12 @@ def check_source(
                 check_typed(slot, host, name, label)
         elif device.type != "cpu" and src.device == device:
             _check_torch_dtype(slot, src.dtype, name, label)
-            if src.dim() != slot.plan.ndim:
+            if src.dim() != slot.ndim:
                 raise layout.fail(
                     RefreshError,
                     name,
                     label,
-                    f"expected {slot.plan.ndim}-D source, got shape {list(src.shape)}",
+                    f"expected {slot.ndim}-D source, got shape {list(src.shape)}",
                 )
             if src.dim() and src.shape[-1] > 1 and src.stride(-1) != 1:
                 raise layout.fail(
@@ -123,7 +124,7 @@ def check_source(
             f"{rows} live rows, but {held} {size} holds {cap_rows} (rows = {b.rows.text})",
         )
     width = 0
-    if b.ndim == 2:
+    if slot.ndim == 2:
         width = shape[1]
         if width > cap_cols:
             if b.overflow == "reject":
@@ -163,7 +164,7 @@ def _check_tensor_kind(slot: Slot, t: torch.Tensor, name: str, label: str) -> No
         what = "a 0-d tensor"
     if what is not None:
         raise Layout.fail(
-            RefreshError, name, label, f"{what}; allowed: a dense {slot.plan.ndim}-D tensor (strided layout)"
+            RefreshError, name, label, f"{what}; allowed: a dense {slot.ndim}-D tensor (strided layout)"
         )
 
 
@@ -184,9 +185,9 @@ def _check_torch_dtype(slot: Slot, dtype: torch.dtype, name: str, label: str) ->
 
 
 def _check_layout(slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
-    if arr.ndim != slot.plan.ndim:
+    if arr.ndim != slot.ndim:
         raise Layout.fail(
-            RefreshError, name, label, f"expected {slot.plan.ndim}-D source, got shape {list(arr.shape)}"
+            RefreshError, name, label, f"expected {slot.ndim}-D source, got shape {list(arr.shape)}"
         )
     # numpy gives empty arrays zero strides: only a non-empty source can be strided.
     if arr.ndim and arr.size and arr.shape[-1] > 1 and arr.strides[-1] != arr.itemsize:
@@ -222,7 +223,7 @@ def _from_list(slot: Slot, src: list | tuple, name: str, label: str) -> np.ndarr
     except (ValueError, TypeError, OverflowError) as exc:
         raise Layout.fail(RefreshError, name, label, f"ragged or non-numeric list ({exc})") from None
     if arr.size == 0:  # an empty list has no dtype (numpy guesses float64); `[]` for a 2-D buffer is 0x0
-        shape = (0, 0) if arr.shape == (0,) and slot.plan.ndim == 2 else arr.shape
+        shape = (0, 0) if arr.shape == (0,) and slot.ndim == 2 else arr.shape
         arr = arr.astype(slot.np_dtype).reshape(shape)
     if arr.dtype.kind not in "biuf":
         raise Layout.fail(
@@ -287,6 +288,14 @@ def _bounds_error(
 
 def check_values(layout: Layout, slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
     """NaN and ``min``/``max`` over the live values of one host source; the message gives the index."""
+    kind = arr.dtype.kind
+    if slot.lo == 0 and slot.hi is not None and kind in "iu":
+        # One reduction for both bounds: viewed unsigned, a negative value lies above any hi the dtype holds.
+        if kind == "u":
+            if arr.max() <= slot.hi:
+                return
+        elif slot.hi <= np.iinfo(arr.dtype).max and arr.view(_UNSIGNED[arr.dtype]).max() <= slot.hi:
+            return
     if arr.dtype.kind == "f" and np.isnan(arr).any():
         at = np.argwhere(np.isnan(arr))[0]
         raise Layout.fail(RefreshError, name, label, f"NaN at index {at.tolist()}")
