@@ -32,8 +32,8 @@ from common import SPEC, compare, render_table, step_buffers, write_json
 
 from graphbuf.buffers import StaticBuffers
 from graphbuf.drill import PagedDecodeAttention
+from graphbuf.graphs.runner import GraphRunner, Step
 from graphbuf.planner import plan
-from graphbuf.runner import GraphRunner, Step
 from graphbuf.spec import load_spec
 
 __all__ = ["main", "run"]

@@ -26,8 +26,8 @@ from graphbuf import (
     StaticBuffers,
     WidthError,
 )
+from graphbuf.graphs.runner import EAGER_TOO_LARGE, GraphRunner, Step
 from graphbuf.refresh import Refresher
-from graphbuf.runner import EAGER_TOO_LARGE, GraphRunner, Step
 
 Mapping = dict[str, Any]
 

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import graphbuf
 from graphbuf import AddressChangedError, CaptureError, Graph, GraphRunner, StaticBuffers, Step
-from graphbuf.runner import EAGER_CAPTURE_FAILED, EAGER_TOO_LARGE
+from graphbuf.graphs.runner import EAGER_CAPTURE_FAILED, EAGER_TOO_LARGE
 
 _WEIGHTS = np.arange(1, WIDTH + 1, dtype=np.float64)
 

@@ -8,7 +8,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from graphbuf.errors import CaptureError
-from graphbuf.graph import Graph
+from graphbuf.graphs.graph import Graph
 
 pytestmark = [
     pytest.mark.cuda,

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from graphbuf.emulator import Emulator
 from graphbuf.errors import CaptureError, DeviceUnavailableError
-from graphbuf.graph import Graph
-from graphbuf.guards import capture_guards
+from graphbuf.graphs.emulator import Emulator
+from graphbuf.graphs.graph import Graph
+from graphbuf.graphs.guards import capture_guards
 
 
 def _no_modes_left() -> bool:

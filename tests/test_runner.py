@@ -8,7 +8,7 @@ import torch
 from paged_spec import PAGED_SPEC as SPEC
 
 import graphbuf
-from graphbuf.runner import EAGER_CAPTURE_FAILED, EAGER_REFUSED, EAGER_TOO_LARGE, GraphRunner, Step
+from graphbuf.graphs.runner import EAGER_CAPTURE_FAILED, EAGER_REFUSED, EAGER_TOO_LARGE, GraphRunner, Step
 
 
 def make_buffers() -> graphbuf.StaticBuffers:

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from graphbuf.errors import CaptureError
-from graphbuf.graph import Graph
-from graphbuf.tasks import CapturedTask, FrozenList, TaskKind
+from graphbuf.graphs.graph import Graph
+from graphbuf.graphs.tasks import CapturedTask, FrozenList, TaskKind
 
 
 def masked_row_sum(x: torch.Tensor, out: torch.Tensor, *, seq_lens: list[int]) -> None:

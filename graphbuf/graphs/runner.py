@@ -30,15 +30,27 @@ from graphbuf.bound import BoundSources
 from graphbuf.buffers import StaticBuffers
 from graphbuf.errors import AddressChangedError, RefreshError
 from graphbuf.expr import parse_expr
-from graphbuf.graph import Graph
+from graphbuf.graphs.graph import Graph
 
-__all__ = ["EAGER_CAPTURE_FAILED", "EAGER_REFUSED", "EAGER_TOO_LARGE", "GraphRunner", "RunnerStats", "Step"]
+__all__ = [
+    "EAGER_CAPTURE_FAILED",
+    "EAGER_REFUSED",
+    "EAGER_TOO_LARGE",
+    "OVERSIZE",
+    "GraphRunner",
+    "RunnerStats",
+    "Step",
+]
 
 #: Reasons a step runs eagerly (keys of ``RunnerStats.eager_reasons``); details live in
 #: ``RunnerStats.capture_failures`` and ``RunnerStats.refused``.
 EAGER_TOO_LARGE = "batch above the largest capture size"
 EAGER_CAPTURE_FAILED = "capture failed at this size"
 EAGER_REFUSED = "graph refused by first-use verification"
+
+#: Eager batches a task sizes its static inputs for: up to this many times the largest capture size (the
+#: drill's largest batch; the adapter's task inputs).
+OVERSIZE = 2
 
 Output = torch.Tensor | tuple[torch.Tensor, ...]
 

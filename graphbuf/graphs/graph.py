@@ -2,7 +2,7 @@
 
 ``Graph("cuda")`` wraps ``torch.cuda.CUDAGraph`` (captured through ``torch.cuda.graph``); ``Graph("npu")``
 wraps ``torch.npu.NPUGraph`` (torch_npu is imported lazily); ``Graph("cpu")`` is graphbuf's emulator
-(:mod:`graphbuf.emulator`). On every device the capture runs under guards that raise
+(:mod:`graphbuf.graphs.emulator`). On every device the capture runs under guards that raise
 :class:`~graphbuf.errors.CaptureError` for host read-back and data-dependent output shapes.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from graphbuf.emulator import Emulator
 from graphbuf.errors import CaptureError, DeviceUnavailableError
-from graphbuf.guards import capture_guards
-from graphbuf.tasks import (
+from graphbuf.graphs.emulator import Emulator
+from graphbuf.graphs.guards import capture_guards
+from graphbuf.graphs.tasks import (
     CapturedTask,
     NpuTaskState,
     TaskKind,

@@ -3,7 +3,7 @@
 :class:`HostReadGuard` (a torch-function mode) rejects host read-back during capture: ``.item()``,
 ``.tolist()``, ``.numpy()``, ``bool(t)``, copies to the host, .... :class:`DispatchGuard` (a dispatch mode)
 rejects ops whose output shape depends on tensor values (``nonzero``, ``x[mask]``, ``unique``, ...).
-:class:`graphbuf.graph.Graph` installs both around every capture (cpu, cuda, npu); the cpu emulator's recorder
+:class:`graphbuf.Graph` installs both around every capture (cpu, cuda, npu); the cpu emulator's recorder
 applies :func:`check_dispatch` op by op.
 """
 
