@@ -185,7 +185,7 @@ def test_drill_reports_a_mismatch_as_failure() -> None:
         name, output_rows = "stale", "requests"
 
         def bind(self, buffers: graphbuf.StaticBuffers, generator: torch.Generator) -> None:
-            self.scale = torch.ones(())
+            self.scale = self.captured = torch.ones(())  # ``captured`` keeps it alive (no LivenessError)
 
         def randomize(self, live: int, generator: torch.Generator) -> None:
             self.scale = torch.full((), float(live))  # rebound: the graph keeps the old tensor

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from graphbuf.errors import CaptureError, DeviceUnavailableError
+from graphbuf.errors import AddressChangedError, CaptureError, DeviceUnavailableError, LivenessError
 from graphbuf.graphs.emulator import Emulator
 from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.guards import capture_guards
@@ -39,9 +39,13 @@ def test_b_rebound_python_name_is_not_seen() -> None:
     g = Graph("cpu")
     with g.capture():
         y = scope["x"] * 5
+    kept = scope["x"]
     scope["x"] = torch.full((3,), 7.0)  # a new tensor under the old name: the graph keeps the old one
     g.replay()
-    assert torch.equal(y, torch.full((3,), 5.0))
+    assert torch.equal(y, torch.full((3,), 5.0)) and kept.sum() == 3
+    del kept  # now the captured tensor is freed: a device graph would read released memory
+    with pytest.raises(LivenessError, match=r"capture input #0 \(float32 \[3\]\) .* was freed"):
+        g.replay()
 
 
 def test_c_python_scalars_and_host_lists_are_baked() -> None:

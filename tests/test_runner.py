@@ -89,6 +89,7 @@ def test_first_use_verification_refuses_graph_reading_a_rebound_tensor() -> None
 
     runner = GraphRunner(make_buffers(), fn, output_rows="requests", verify=True)
     runner.capture()
+    kept = state["scale"]  # the old tensor stays alive (freed, it would be a LivenessError)
     state["scale"] = torch.tensor(3.0)  # rebound, not copied: the graph still reads the old tensor
     src = batch(3)
     out = runner.run(src)
@@ -102,6 +103,7 @@ def test_first_use_verification_refuses_graph_reading_a_rebound_tensor() -> None
     runner2.run(batch(3))
     runner2.run(batch(3, 1))
     assert runner2.stats.refused == {} and runner2.stats.replays == 2
+    assert kept.item() == 2.0
 
 
 def test_capture_failure_at_one_size_leaves_others_captured() -> None:
@@ -164,7 +166,8 @@ def test_verification_is_not_fooled_by_outputs_shared_with_eager() -> None:
 
     runner = GraphRunner(make_buffers(), fn, output_rows="requests", verify=True)
     runner.capture()
+    kept = state["scale"]  # alive, so the stale graph runs (freed, it would be a LivenessError)
     state["scale"] = torch.tensor(5.0)  # rebound after capture
     src = batch(3)
     torch.testing.assert_close(runner.run(src), src["seq_lens"].float() * 5)
-    assert 4 in runner.stats.refused
+    assert 4 in runner.stats.refused and kept.item() == 2.0

@@ -39,7 +39,7 @@ class Call:
 
     def reads(self) -> list[int]:
         """Indices of the transient slots this call reads."""
-        return [s.index for s in slots_in(self.pos) + slots_in(self.kw) if s.tensor is None]
+        return [s.index for s in slots_in(self.pos) + slots_in(self.kw) if s.transient]
 
     def returns(self) -> list[tuple[str, Slot]]:
         """(subscript into the call's return value, slot) for every slot it returns."""
@@ -53,9 +53,10 @@ class Call:
         return found
 
 
-def generate(calls: Sequence[Call]) -> tuple[Callable[[], None], str]:
-    """Compile ``calls`` into one function. Transient slots are its locals, deleted after their last use;
-    static slots, callables and host values are globals of its namespace."""
+def generate(calls: Sequence[Call], inputs: Sequence[Slot]) -> tuple[Callable[..., None], str]:
+    """Compile ``calls`` into one function. ``inputs`` (input slots) are its parameters, in order (extra
+    arguments are ignored); transient slots are its locals, deleted after their last use; static slots,
+    callables and host values are globals of its namespace."""
     namespace: dict[str, Any] = {"__builtins__": {}}
     names: dict[int, str] = {}
 
@@ -68,13 +69,15 @@ def generate(calls: Sequence[Call]) -> tuple[Callable[[], None], str]:
 
     def expr(value: Any) -> str:
         if isinstance(value, Slot):
-            return f"v{value.index}" if value.tensor is None else const(value.tensor)
+            if value.input:
+                return f"a{value.index}"
+            return f"v{value.index}" if value.transient else const(value.tensor)
         if isinstance(value, (Seq, list, tuple)):
             items = value.items if isinstance(value, Seq) else value
             is_tuple = value.is_tuple if isinstance(value, Seq) else isinstance(value, tuple)
             if not any(isinstance(v, (Slot, Seq)) for v in items):
                 return const(value)
-            if all(s.tensor is not None for s in slots_in(value)):
+            if all(s.tensor is not None and not s.input for s in slots_in(value)):
                 return const(materialize(value))
             inner = ", ".join(expr(v) for v in items)
             return f"({inner},)" if is_tuple else f"[{inner}]"
@@ -109,7 +112,7 @@ def generate(calls: Sequence[Call]) -> tuple[Callable[[], None], str]:
         binds: list[tuple[str, str]] = []
         copies: list[tuple[str, str]] = []
         for sub, slot in call.returns():
-            if slot.tensor is None:
+            if slot.transient:
                 if last.get(slot.index, -1) > i:
                     binds.append((sub, f"v{slot.index}"))
                     defined.add(slot.index)
@@ -128,6 +131,7 @@ def generate(calls: Sequence[Call]) -> tuple[Callable[[], None], str]:
         if dead:
             lines.append("del " + ", ".join(f"v{index}" for index in dead))
     body = "\n".join(f"    {line}" for line in lines) or "    pass"
-    source = f"def _replay():\n{body}\n"
+    params = "".join(f"a{slot.index}, " for slot in inputs)
+    source = f"def _replay({params}*_):\n{body}\n"
     exec(compile(source, "<graphbuf replay>", "exec"), namespace)
     return namespace["_replay"], source

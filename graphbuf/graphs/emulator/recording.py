@@ -115,28 +115,28 @@ class Recorder(TorchDispatchMode):
     # ---- slots ----------------------------------------------------------------------------------------
 
     def _known(self, t: torch.Tensor) -> Slot | None:
-        slot = self.emulator._by_id.get(id(t))
+        slot = self.emulator.by_id.get(id(t))
         return slot if slot is not None and slot.held() is t else None
 
     def _add(self, t: torch.Tensor, group: Group, strong: bool) -> Slot:
         em = self.emulator
         strong = strong or t.is_conj() or t.is_neg() or t.layout != torch.strided  # not rebuildable
-        slot = Slot(em._next_index, t, group, strong)
-        em._next_index += 1
-        em._by_id[slot.key] = slot
+        slot = Slot(em.next_index, t, group, strong)
+        em.next_index += 1
+        em.by_id[slot.key] = slot
         self.slots.append(slot)
         self.segment.slots.append(slot)
         return slot
 
     def _new_group(self, created: bool, storage: torch.UntypedStorage) -> Group:
         group = Group(created, storage, self.segment.group if created else None)
-        self.emulator._by_sid[group.sid] = group
+        self.emulator.by_sid[group.sid] = group
         self.groups.append(group)
         self.segment.groups.append(group)
         return group
 
     def _storage_group(self, storage: torch.UntypedStorage) -> Group | None:
-        group = self.emulator._by_sid.get(storage._cdata)
+        group = self.emulator.by_sid.get(storage._cdata)
         return group if group is not None and group.storage() is storage else None
 
     def _input(self, t: torch.Tensor) -> Slot:
@@ -146,6 +146,7 @@ class Recorder(TorchDispatchMode):
             storage = t.untyped_storage()
             group = self._storage_group(storage) or self._new_group(False, storage)
             slot = self._add(t, group, strong=True)
+            slot.input = True  # until settle finds nothing outside the recording holds it
         return slot
 
     def _result(self, t: torch.Tensor, fresh: dict[int, Group]) -> tuple[Slot, bool]:
@@ -179,7 +180,7 @@ class Recorder(TorchDispatchMode):
         for slot in slots:
             owner = slot.group.owner
             if owner is not None and owner != self.segment.group:
-                label = self.emulator._segments[owner].label
+                label = self.emulator.task_label(owner)
                 raise CaptureError(
                     f"{func} reads a tensor that task {label!r} created inside its task group; when the "
                     "task is re-issued with new host arguments that tensor would go stale. Have the task "
@@ -213,7 +214,7 @@ class Recorder(TorchDispatchMode):
 
     def discard(self) -> None:
         """Forget every slot and storage this (failed) session registered."""
-        self.emulator._forget(self.slots, self.groups)
+        self.emulator.forget(self.slots, self.groups)
 
     # ---- recording ------------------------------------------------------------------------------------
 

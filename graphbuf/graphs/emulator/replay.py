@@ -36,21 +36,27 @@ shapes) op by op.
 
 from __future__ import annotations
 
+import sys
+import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
 
-from graphbuf.errors import CaptureError
+from graphbuf.errors import CaptureError, LivenessError
 from graphbuf.graphs.emulator.codegen import Call, generate
 from graphbuf.graphs.emulator.ops import bind, binding, call_parts
 from graphbuf.graphs.emulator.recording import STATE, Recorder, Segment, recording_active
 from graphbuf.graphs.emulator.shortcuts import MISSING, RECIPES, Recipe, find_recipe, recipe_calls
 from graphbuf.graphs.emulator.slots import Group, Node, Slot, materialize, rebuild, slots_in
 from graphbuf.graphs.guards import HostReadGuard
+from graphbuf.graphs.watch import Watch
 
 __all__ = ["Emulator"]
+
+# sys.getrefcount of a tensor referenced only by its slot: the slot's attribute and the call's argument.
+_ONLY_THE_SLOT = 2
 
 # --------------------------------------------------------------------------------------------------------
 # Emulator
@@ -74,10 +80,12 @@ class Emulator:
     def __init__(self, *, restore_inputs: bool = True) -> None:
         self._restore = restore_inputs
         self._segments: list[Segment] = []
-        self._by_id: dict[int, Slot] = {}  # id(tensor) -> slot, checked against the slot's reference
-        self._by_sid: dict[int, Group] = {}  # storage _cdata -> group, checked against its weak reference
-        self._next_index = 0
-        self._replay: Callable[[], None] | None = None
+        self.by_id: dict[int, Slot] = {}  # id(tensor) -> slot, checked against the slot's reference
+        self.by_sid: dict[int, Group] = {}  # storage _cdata -> group, checked against its weak reference
+        self.next_index = 0
+        self._replay: Callable[..., None] | None = None
+        self._watch = Watch()
+        self._names: dict[str, weakref.ref[torch.Tensor]] = {}
         self._num_steps = 0
         self._source = ""
         self._captured = False
@@ -155,12 +163,14 @@ class Emulator:
 
     def _clear(self) -> None:
         self._segments = []
-        self._by_id = {}
-        self._by_sid = {}
+        self.by_id = {}
+        self.by_sid = {}
         self._replay = None
         self._num_steps = 0
         self._source = ""
         self._captured = False
+        self._watch = Watch()
+        self._names = {}
 
     @contextmanager
     def capture(self) -> Iterator[None]:
@@ -256,16 +266,20 @@ class Emulator:
             recorder.discard()
             self._compile()
             raise
-        self._forget(old.slots, old.groups)
+        self.forget(old.slots, old.groups)
 
-    def _forget(self, slots: Iterable[Slot], groups: Iterable[Group]) -> None:
+    def task_label(self, group: int) -> str:
+        """The label of task group ``group``."""
+        return self._segments[group].label
+
+    def forget(self, slots: Iterable[Slot], groups: Iterable[Group]) -> None:
         """Drop registry entries that still point at ``slots`` / ``groups``."""
         for slot in slots:
-            if self._by_id.get(slot.key) is slot:
-                del self._by_id[slot.key]
+            if self.by_id.get(slot.key) is slot:
+                del self.by_id[slot.key]
         for group in groups:
-            if self._by_sid.get(group.sid) is group:
-                del self._by_sid[group.sid]
+            if self.by_sid.get(group.sid) is group:
+                del self.by_sid[group.sid]
 
     def _settle(self, recorder: Recorder, segments: Sequence[Segment]) -> None:
         """End a recording session: decide which created storages are static (still alive), hold their
@@ -278,13 +292,18 @@ class Emulator:
                 group.static = storage is not None
                 if storage is not None:
                     alive.append(storage)  # held while its slots are settled
+        for slot in recorder.slots:
+            # An "input" that nothing outside the recording holds was made during capture outside the
+            # dispatcher (a wrapped scalar): a constant of the recording, held like a static tensor.
+            if slot.input and sys.getrefcount(slot.tensor) <= _ONLY_THE_SLOT:
+                slot.input = False
         with torch.inference_mode():
             for slot in recorder.slots:
                 if slot.tensor is None and slot.group.static:
                     t = slot.ref() if slot.ref is not None else None
                     slot.tensor = t if t is not None else rebuild(slot.meta, slot.group.storage())  # type: ignore[arg-type]
                 slot.ref = None
-            self._forget(
+            self.forget(
                 [s for s in recorder.slots if s.tensor is None], [g for g in recorder.groups if not g.static]
             )
             for seg in segments:
@@ -297,7 +316,7 @@ class Emulator:
         """Set ``node.calls`` (how replay runs it) and return the strategy's name (see :attr:`stats`)."""
         info = node.info
         results = slots_in(node.results)
-        local = any(s.tensor is None for s in results)
+        local = any(s.transient for s in results)
         static_new = frozenset(s.index for s in results if s.index in node.new and s.tensor is not None)
         if info.inplace_view or (info.uninitialized and not local):
             node.calls = ()
@@ -339,7 +358,7 @@ class Emulator:
         recipe = RECIPES.get(key, MISSING)
         if recipe is not MISSING:
             return recipe  # type: ignore[return-value]
-        if any(s.tensor is None for s in slots_in(node.args) + slots_in(node.kwargs)):
+        if any(s.transient for s in slots_in(node.args) + slots_in(node.kwargs)):
             return None
         args = [materialize(a) for a in node.args]
         kwargs = {k: materialize(v) for k, v in node.kwargs.items()}
@@ -358,15 +377,52 @@ class Emulator:
 
     def _compile(self) -> None:
         calls = [call for seg in self._segments for node in seg.nodes for call in node.calls]
-        self._replay, self._source = generate(calls)
+        inputs: dict[int, Slot] = {}
+        for call in calls:
+            for slot in slots_in(call.pos) + slots_in(call.kw) + slots_in(call.results):
+                if slot.input:
+                    inputs.setdefault(slot.index, slot)
+        ordered = [inputs[i] for i in sorted(inputs)]
+        entries = []
+        for k, slot in enumerate(ordered):
+            t = slot.held()
+            if t is None:
+                raise LivenessError(
+                    f"capture input #{k} (shape {list(slot.meta[0])}) was freed before the recording was "
+                    "compiled"
+                )
+            entries.append((f"capture input #{k} ({str(t.dtype).removeprefix('torch.')} {list(t.shape)})", t))
+        names = {label: t for label, ref in self._names.items() if (t := ref()) is not None}
+        watch = Watch(entries).named(names) if names else Watch(entries)
+        self._replay, self._source = generate(calls, ordered)
+        self._watch = watch
         self._num_steps = len(calls)
+        for slot in ordered:
+            slot.release()
+
+    @property
+    def watch(self) -> Watch:
+        """The tensors from before capture that the recording reads or writes (held weakly), in the order
+        replay passes them; each is checked before every replay."""
+        return self._watch
+
+    def name_inputs(self, names: Mapping[str, torch.Tensor]) -> None:
+        """After capture: call these tensors by their keys in errors (and watch any the recording does not
+        use)."""
+        self._names.update((label, weakref.ref(t)) for label, t in names.items())
+        self._watch = self._watch.named(names)
 
     def replay(self) -> None:
-        """Run the recorded ops once, in order; static tensors are rewritten in place."""
+        """Run the recorded ops once, in order; static tensors are rewritten in place.
+
+        Raises :class:`~graphbuf.errors.LivenessError` if a tensor the capture used was freed and
+        :class:`~graphbuf.errors.AddressChangedError` if one was rebound, resized or restrided (a device
+        graph would read its old memory)."""
         if not self._captured or self._replay is None:
             raise CaptureError("replay() before a completed capture")
+        live = self._watch.check("replay")
         if torch.is_inference_mode_enabled():
-            self._replay()
+            self._replay(*live)
             return
         with torch.inference_mode():
-            self._replay()
+            self._replay(*live)

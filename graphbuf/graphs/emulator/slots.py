@@ -35,9 +35,11 @@ class Group:
 class Slot:
     """A tensor the recording refers to. ``tensor`` holds it strongly (inputs; after recording, every static
     slot); during recording a created tensor is only weakly referenced (``ref``), so it dies with its last
-    user. After recording, a slot with ``tensor`` None is transient: replay produces it as a local."""
+    user. After recording, a slot with ``tensor`` None is transient (replay produces it as a local), unless
+    it is an ``input``: a tensor that existed before capture, held only weakly once the recording is compiled
+    (``ref``) and passed to the replay function as an argument after the liveness and address check."""
 
-    __slots__ = ("group", "index", "key", "meta", "ref", "tensor")
+    __slots__ = ("group", "index", "input", "key", "meta", "ref", "tensor")
 
     def __init__(self, index: int, t: torch.Tensor, group: Group, strong: bool) -> None:
         self.index = index
@@ -46,6 +48,17 @@ class Slot:
         self.meta = (t.size(), t.stride(), t.storage_offset(), t.dtype, t.device)
         self.tensor: torch.Tensor | None = t if strong else None
         self.ref: weakref.ref[torch.Tensor] | None = None if strong else weakref.ref(t)
+        self.input = False
+
+    @property
+    def transient(self) -> bool:
+        """Produced by each replay as a local (not held between replays, not an input)."""
+        return self.tensor is None and not self.input
+
+    def release(self) -> None:
+        """An input: hold it weakly from now on (the emulator must not keep a freed input alive)."""
+        if self.tensor is not None:
+            self.ref, self.tensor = weakref.ref(self.tensor), None
 
     def held(self) -> torch.Tensor | None:
         if self.tensor is not None:
@@ -78,7 +91,7 @@ def slots_in(value: Any) -> list[Slot]:
 def materialize(value: Any) -> Any:
     """``value`` with every slot replaced by its (held) tensor."""
     if isinstance(value, Slot):
-        return value.tensor
+        return value.held()
     if isinstance(value, Seq):
         items = [materialize(v) for v in value.items]
         return tuple(items) if value.is_tuple else items
