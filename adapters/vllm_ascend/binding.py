@@ -63,7 +63,10 @@ def _decode_kernel(
         )
         return
     # Software stand-in with the NPU kernel's contract: KV lengths come from the host list, baked at capture.
-    lens = torch.tensor(seq_lens_kv, dtype=torch.int32, device=query.device)
+    # Each length is a kernel argument (a fill), as in the NPU task; no host tensor is built inside capture.
+    lens = torch.empty(len(seq_lens_kv), dtype=torch.int32, device=query.device)
+    for i, n in enumerate(seq_lens_kv):
+        lens[i] = n
     out.copy_(decode_attention(query, key_cache, value_cache, block_table, lens, scale))
 
 

@@ -28,6 +28,7 @@ from graphbuf.graphs.tasks import (
     npu_update_task,
     thaw_host_args,
 )
+from graphbuf.graphs.watch import Watch
 
 __all__ = ["DEVICE_TYPES", "Graph"]
 
@@ -90,7 +91,14 @@ class _CpuBackend:
             yield
 
     def replay(self, tasks: Sequence[CapturedTask]) -> None:
-        self.emulator.replay()
+        self.emulator.replay()  # checks the watch itself: it passes the live inputs to the replay function
+
+    @property
+    def watch(self) -> Watch:
+        return self.emulator.watch
+
+    def name_inputs(self, names: Mapping[str, torch.Tensor]) -> None:
+        self.emulator.name_inputs(names)
 
     def pool(self) -> object:
         return self.pool_token
@@ -123,6 +131,7 @@ class _DeviceBackend:
         self.graph: Any = None
         self.pool_handle: object = None
         self.update_stream: Any = None
+        self.watch = Watch()
 
     @property
     def captured(self) -> bool:
@@ -137,10 +146,11 @@ class _DeviceBackend:
             pool = self.pool_handle
         graph = self._new_graph()
         with self.module.device(self.index) if self.index is not None else nullcontext():
+            current = self.module.current_stream()
             ctx = self.module.graph(graph, pool=pool, stream=stream)
             ctx.__enter__()
             try:
-                with capture_guards(strict_cpu=False):
+                with capture_guards(strict_cpu=False) as guard:
                     yield
             except BaseException as exc:
                 # Ending a broken capture may fail too; the user's error is the one to see.
@@ -148,11 +158,21 @@ class _DeviceBackend:
                     ctx.__exit__(type(exc), exc, exc.__traceback__)
                 with suppress(Exception):
                     graph.reset()
+                if self.module.current_stream() != current:  # the capture stream must not stay current
+                    self.module.set_stream(current)
                 raise
             ctx.__exit__(None, None, None)
         self.graph = graph
+        self.watch = Watch(
+            (f"capture input #{k} ({str(t.dtype).removeprefix('torch.')} {list(t.shape)})", t)
+            for k, t in enumerate(guard.inputs)
+        )
+
+    def name_inputs(self, names: Mapping[str, torch.Tensor]) -> None:
+        self.watch = self.watch.named(names)
 
     def replay(self, tasks: Sequence[CapturedTask]) -> None:
+        self.watch.check("replay")
         if self.kind == "npu":
             states = [t.handle for t in tasks if isinstance(t.handle, NpuTaskState)]
             if states:
@@ -170,6 +190,7 @@ class _DeviceBackend:
         if self.graph is not None:
             self.graph.reset()
             self.graph = None
+        self.watch = Watch()
 
     def _update_stream(self) -> Any:
         if self.update_stream is None:
@@ -181,7 +202,13 @@ class _DeviceBackend:
     ) -> object:
         if self.kind == "npu":
             return npu_capture_task(fn, tensor_args, thaw_host_args(host))
-        fn(*tensor_args, **thaw_host_args(host))
+        if host:
+            raise CaptureError(
+                f"task {kind.value!r}: host arguments {sorted(host)} cannot be captured on cuda: a CUDA "
+                "graph cannot re-issue one captured task, so they would stay baked in while run() passes "
+                "new ones. Pass per-replay values as device tensors among tensor_args (refreshed in place)."
+            )
+        fn(*tensor_args)
         return None
 
     def update_task(self, task: CapturedTask, host: Mapping[str, object]) -> None:
@@ -263,6 +290,29 @@ class Graph:
             raise
         finally:
             self._capturing = False
+        names = {
+            f"task {task.kind.value!r} #{i} tensor_args[{j}]": t
+            for i, task in enumerate(self._tasks)
+            for j, t in enumerate(task.tensor_args)
+        }
+        if names:
+            self._backend.name_inputs(names)
+
+    def name_inputs(self, names: Mapping[str, torch.Tensor]) -> None:
+        """After capture: call each tensor of ``names`` (``label -> tensor``) by its label in liveness and
+        address errors, and watch it before every replay even if the captured work does not use it."""
+        if not self.captured:
+            raise CaptureError("name_inputs() before a completed capture()")
+        self._backend.name_inputs(names)
+
+    def check_inputs(self) -> None:
+        """Check, in one pass, that every tensor the capture uses and does not own (and every tensor given
+        to :meth:`name_inputs`) is alive and has its captured address, shape and stride. Raises
+        :class:`~graphbuf.errors.LivenessError` or :class:`~graphbuf.errors.AddressChangedError` naming the
+        tensor. :meth:`replay` runs the same check."""
+        if not self.captured:
+            raise CaptureError("check_inputs() before a completed capture()")
+        self._backend.watch.check("before replay")
 
     def replay(self) -> None:
         """Run the captured work once."""

@@ -142,7 +142,7 @@ class Recorder(TorchDispatchMode):
     def _input(self, t: torch.Tensor) -> Slot:
         slot = self._known(t)
         if slot is None:
-            # Existed before capture, or made outside the dispatcher (torch.tensor(host list)): held.
+            # Existed before capture (an input), or made outside the dispatcher (a wrapped scalar): held.
             storage = t.untyped_storage()
             group = self._storage_group(storage) or self._new_group(False, storage)
             slot = self._add(t, group, strong=True)
