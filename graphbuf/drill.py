@@ -314,7 +314,9 @@ def run_drill(
     max_req = p.capture_sizes[-1] // p.tokens_per_request
     warm = make_batch(p, max_req, rng, num_blocks)
     buffers.refresh(p.capture_sizes[-1], warm)
-    runner = GraphRunner(buffers, step_fn, output_rows=[getattr(t, "output_rows", "tokens") for t in tasks])
+    rows = [getattr(t, "output_rows", "tokens") for t in tasks]
+    # A failed capture is reported (FAIL), not raised.
+    runner = GraphRunner(buffers, step_fn, output_rows=rows, on_capture_error="eager")
     runner.capture()
     start_addresses = {s: buffers.addresses(s) for s in p.capture_sizes}
     report = DrillReport(

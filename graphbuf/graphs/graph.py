@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from graphbuf.errors import CaptureError, DeviceUnavailableError
+from graphbuf.errors import CaptureError, DeviceUnavailableError, UnknownDeviceError
 from graphbuf.graphs.emulator import Emulator
-from graphbuf.graphs.guards import capture_guards
+from graphbuf.graphs.guards import capture_guards, poison
 from graphbuf.graphs.tasks import (
     CapturedTask,
     NpuTaskState,
@@ -43,13 +43,13 @@ def _parse_device(device: str | torch.device) -> tuple[str, int | None]:
         kind, sep, idx = device.strip().partition(":")
         index = int(idx) if sep and idx.isdigit() else None
         if sep and index is None:
-            raise ValueError(
+            raise UnknownDeviceError(
                 f"graph device {device!r}: the index after ':' is not an integer; allowed: {allowed}"
             )
     else:
         raise TypeError(f"graph device must be a str or torch.device, got {type(device).__name__}")
     if kind not in DEVICE_TYPES:
-        raise ValueError(f"unknown graph device {device!r}; allowed: {allowed}")
+        raise UnknownDeviceError(f"unknown graph device {device!r}; allowed: {allowed}")
     return kind, index
 
 
@@ -162,6 +162,7 @@ class _DeviceBackend:
                     self.module.set_stream(current)
                 raise
             ctx.__exit__(None, None, None)
+            poison(t for ref in guard.produced if (t := ref()) is not None)
         self.graph = graph
         self.watch = Watch(
             (f"capture input #{k} ({str(t.dtype).removeprefix('torch.')} {list(t.shape)})", t)
@@ -226,18 +227,31 @@ class Graph:
 
     Mirrors ``torch.cuda.CUDAGraph`` + ``torch.cuda.graph``. Invariants: ``captured`` is true only after a
     capture completed and until :meth:`reset`; a capture that raises leaves the graph un-captured and
-    re-capturable, with no guard mode left installed, and the exception propagates. During capture, host
-    read-back and data-dependent shapes raise :class:`CaptureError`.
+    re-capturable, with no guard mode left installed and the stream that was current before capture current
+    again, and the exception propagates. During capture, host read-back, host data and data-dependent shapes
+    raise :class:`CaptureError`. Every tensor from before capture that the captured work uses (and every task
+    tensor argument) is held weakly and checked before each replay: freed → :class:`LivenessError`,
+    rebound / resized / restrided → :class:`AddressChangedError`.
+
+    Raises :class:`UnknownDeviceError` for a device name other than cpu, cuda[:N], npu[:N] and
+    :class:`DeviceUnavailableError` for a device (or device index) this machine lacks.
     """
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
         kind, index = _parse_device(device)
         if kind == "cuda" and not torch.cuda.is_available():
             raise DeviceUnavailableError(
-                "Graph('cuda') needs a CUDA device; torch.cuda.is_available() is False"
+                f"Graph({str(device)!r}) needs a CUDA device; torch.cuda.is_available() is False"
             )
         if kind == "npu":
             _import_torch_npu()
+        if kind != "cpu" and index is not None:
+            count = getattr(torch, kind).device_count()
+            if index >= count:
+                raise DeviceUnavailableError(
+                    f"Graph({str(device)!r}): this machine has {count} {kind} device(s) "
+                    f"(indices 0..{count - 1})"
+                )
         self._kind = kind
         self._index = index
         self._backend: _CpuBackend | _DeviceBackend = (

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphbuf.errors import CaptureError
 
-__all__ = ["DispatchGuard", "HostReadGuard", "capture_guards", "check_dispatch", "op_overloads"]
+__all__ = ["DispatchGuard", "HostReadGuard", "capture_guards", "check_dispatch", "op_overloads", "poison"]
 
 
 _T = torch.Tensor
@@ -281,11 +281,13 @@ class DispatchGuard(TorchDispatchMode):
     """Torch-dispatch mode that applies :func:`check_dispatch` to every aten op and then runs it.
 
     ``inputs``: every tensor an op received that no op under this guard produced (the tensors from before
-    capture the recorded work uses), in first-use order."""
+    capture the recorded work uses), in first-use order. ``produced``: weak references to the tensors the
+    ops returned (those still alive after capture are the graph's static outputs)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.inputs: list[torch.Tensor] = []
+        self.produced: list[weakref.ref[torch.Tensor]] = []
         self._seen: dict[int, weakref.ref[torch.Tensor]] = {}
 
     def __torch_dispatch__(
@@ -305,8 +307,30 @@ class DispatchGuard(TorchDispatchMode):
                 self.inputs.append(t)
         out = func(*args, **kwargs)
         for t in _tensors(out if isinstance(out, (list, tuple)) else (out,)):
-            seen[id(t)] = weakref.ref(t)
+            ref = seen.get(id(t))
+            if ref is None or ref() is not t:  # an op's own argument returned (in-place) stays an input
+                seen[id(t)] = ref = weakref.ref(t)
+                self.produced.append(ref)
         return out
+
+
+def poison(tensors: Iterable[torch.Tensor]) -> None:
+    """Fill each tensor with the value an uninitialized device buffer stands for: NaN for floating and
+    complex dtypes, the minimum for integers, True for bool (what a graph's outputs hold between capture
+    and the first replay: a device capture runs no kernel)."""
+    with torch.no_grad():
+        for t in tensors:
+            dtype = t.dtype
+            if dtype.is_floating_point or dtype.is_complex:
+                value: float | int | bool = float("nan")
+            elif dtype == torch.bool:
+                value = True
+            else:
+                try:
+                    value = torch.iinfo(dtype).min
+                except TypeError:  # quantized and other exotic dtypes: left as they are
+                    continue
+            t.detach().fill_(value)
 
 
 @contextmanager

@@ -50,7 +50,7 @@ from graphbuf.graphs.emulator.ops import bind, binding, call_parts
 from graphbuf.graphs.emulator.recording import STATE, Recorder, Segment, recording_active
 from graphbuf.graphs.emulator.shortcuts import MISSING, RECIPES, Recipe, find_recipe, recipe_calls
 from graphbuf.graphs.emulator.slots import Group, Node, Slot, materialize, rebuild, slots_in
-from graphbuf.graphs.guards import HostReadGuard
+from graphbuf.graphs.guards import HostReadGuard, poison
 from graphbuf.graphs.watch import Watch
 
 __all__ = ["Emulator"]
@@ -202,6 +202,8 @@ class Emulator:
                 except BaseException:
                     self._clear()
                     raise
+                # Like a device graph's outputs (no kernel runs at capture): poison until the first replay.
+                poison(s.tensor for s in recorder.slots if s.group.created and s.tensor is not None)
                 self._captured = True
             else:
                 self._clear()
