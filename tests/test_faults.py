@@ -264,12 +264,12 @@ def test_rebound_buffer_is_caught_before_every_replay(
     torch.testing.assert_close(runner.run(src), expected(src), rtol=0, atol=0)
     name, size = rebind(bufs)
     replays = runner.stats.replays
+    slab = bufs.slab.numpy().tobytes()
     for _ in range(3):
-        with pytest.raises(
-            AddressChangedError, match=rf"buffer '{name}' of the graph captured at size {size}"
-        ):
+        with pytest.raises(AddressChangedError, match=rf"buffer '{name}' at size {size} moved: captured at"):
             runner.run(make_batch(size, rng))
     assert runner.stats.replays == replays  # caught before replay, every time
+    assert bufs.slab.numpy().tobytes() == slab  # ... and before any refresh byte was written
     other = next(s for s in SIZES if s != size)
     src = make_batch(other, rng)
     torch.testing.assert_close(runner.run(src), expected(src), rtol=0, atol=0)
