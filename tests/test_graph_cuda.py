@@ -90,9 +90,9 @@ def test_task_with_host_args_is_refused_at_capture() -> None:
             out[i] = x[i, :n].sum()
 
     g = Graph("cuda")
-    with pytest.raises(CaptureError, match=r"host arguments \['seq_lens'\] cannot be captured on cuda"):
-        with g.capture():
-            g.task("attention", row_sums, x, out, seq_lens=[1, 2, 3])
+    match = r"host arguments \['seq_lens'\] cannot be captured on cuda"
+    with pytest.raises(CaptureError, match=match), g.capture():
+        g.task("attention", row_sums, x, out, seq_lens=[1, 2, 3])
     assert not g.captured and torch.cuda.current_stream() == torch.cuda.default_stream()
     with g.capture():  # without host arguments a task captures
         g.task("custom", lambda a, b: b.copy_(a.sum(1)), x, out)
