@@ -102,14 +102,12 @@ def test_task_tensor_argument_is_named_when_it_moves(device: str) -> None:
 # ---------------------------------------------------------------------------------- host data inside
 
 
+_TENSOR, _AS_TENSOR = r"torch\.tensor\(host data\)", r"torch\.as_tensor\(host data\)"
 HOST_OPS: dict[str, tuple[Callable[[torch.Tensor], object], str]] = {
-    "torch.tensor(list)": (lambda x: torch.tensor([1.0, 2.0], device=x.device), r"torch\.tensor\(host data\)"),
-    "torch.tensor(scalar)": (lambda x: x * torch.tensor(2.0, device=x.device), r"torch\.tensor\(host data\)"),
-    "as_tensor(list)": (lambda x: torch.as_tensor([1, 2], device=x.device), r"torch\.as_tensor\(host data\)"),
-    "as_tensor(numpy)": (
-        lambda x: torch.as_tensor(np.ones(3), device=x.device),
-        r"torch\.as_tensor\(host data\)",
-    ),
+    "torch.tensor(list)": (lambda x: torch.tensor([1.0, 2.0], device=x.device), _TENSOR),
+    "torch.tensor(scalar)": (lambda x: x * torch.tensor(2.0, device=x.device), _TENSOR),
+    "as_tensor(list)": (lambda x: torch.as_tensor([1, 2], device=x.device), _AS_TENSOR),
+    "as_tensor(numpy)": (lambda x: torch.as_tensor(np.ones(3), device=x.device), _AS_TENSOR),
     "print": (lambda x: print(x), r"print\(tensor\)"),
     "str": (lambda x: str(x), r"str\(tensor\)|repr\(tensor\)"),
     "repr": (lambda x: repr(x), r"repr\(tensor\)"),

@@ -28,7 +28,7 @@ from graphbuf.graphs.tasks import (
     npu_update_task,
     thaw_host_args,
 )
-from graphbuf.graphs.watch import Watch
+from graphbuf.graphs.watch import Checked, Watch
 
 __all__ = ["DEVICE_TYPES", "Graph"]
 
@@ -90,8 +90,8 @@ class _CpuBackend:
         with self.emulator.capture():
             yield
 
-    def replay(self, tasks: Sequence[CapturedTask]) -> None:
-        self.emulator.replay()  # checks the watch itself: it passes the live inputs to the replay function
+    def replay(self, tasks: Sequence[CapturedTask], checked: Checked | None) -> None:
+        self.emulator.replay(checked)  # it passes the live inputs to its replay function
 
     @property
     def watch(self) -> Watch:
@@ -172,8 +172,9 @@ class _DeviceBackend:
     def name_inputs(self, names: Mapping[str, torch.Tensor]) -> None:
         self.watch = self.watch.named(names)
 
-    def replay(self, tasks: Sequence[CapturedTask]) -> None:
-        self.watch.check("replay")
+    def replay(self, tasks: Sequence[CapturedTask], checked: Checked | None) -> None:
+        if checked is None or checked.watch is not self.watch:
+            self.watch.check("replay")
         if self.kind == "npu":
             states = [t.handle for t in tasks if isinstance(t.handle, NpuTaskState)]
             if states:
@@ -312,6 +313,11 @@ class Graph:
         if names:
             self._backend.name_inputs(names)
 
+    @property
+    def watched(self) -> tuple[str, ...]:
+        """Labels of the tensors :meth:`check_inputs` and :meth:`replay` check, in check order."""
+        return self._backend.watch.labels
+
     def name_inputs(self, names: Mapping[str, torch.Tensor]) -> None:
         """After capture: call each tensor of ``names`` (``label -> tensor``) by its label in liveness and
         address errors, and watch it before every replay even if the captured work does not use it."""
@@ -319,22 +325,26 @@ class Graph:
             raise CaptureError("name_inputs() before a completed capture()")
         self._backend.name_inputs(names)
 
-    def check_inputs(self) -> None:
+    def check_inputs(self) -> Checked:
         """Check, in one pass, that every tensor the capture uses and does not own (and every tensor given
         to :meth:`name_inputs`) is alive and has its captured address, shape and stride. Raises
         :class:`~graphbuf.errors.LivenessError` or :class:`~graphbuf.errors.AddressChangedError` naming the
-        tensor. :meth:`replay` runs the same check."""
+        tensor; returns the checked tensors. :meth:`replay` runs the same check unless given this result."""
         if not self.captured:
             raise CaptureError("check_inputs() before a completed capture()")
-        self._backend.watch.check("before replay")
+        return self._backend.watch.check("before replay")
 
-    def replay(self) -> None:
-        """Run the captured work once."""
+    def replay(self, *, checked: Checked | None = None) -> None:
+        """Run the captured work once, after checking every watched tensor (see :meth:`check_inputs`).
+
+        ``checked``: the result of a :meth:`check_inputs` call made just before, when nothing since could
+        have moved or freed a tensor (in-place writes cannot); the check is then not repeated. It is ignored
+        (the check runs) if a task update has rebuilt the recording since."""
         if self._capturing:
             raise CaptureError("replay() inside this graph's own capture()")
         if not self.captured:
             raise CaptureError("replay() before a completed capture()")
-        self._backend.replay(self._tasks)
+        self._backend.replay(self._tasks, checked)
 
     def pool(self) -> object:
         """A memory-pool handle to pass as ``capture(pool=...)`` of another graph.

@@ -260,6 +260,10 @@ class GraphRunner:
         :class:`~graphbuf.errors.LivenessError` or :class:`~graphbuf.errors.AddressChangedError` naming it."""
         self._graphs[size].graph.check_inputs()
 
+    def watched(self, size: int) -> tuple[str, ...]:
+        """Labels of the tensors checked before each replay of the graph captured at ``size``."""
+        return self._graphs[size].graph.watched
+
     @contextmanager
     def _exclusive(self, call: str) -> Iterator[None]:
         if not self._busy.acquire(blocking=False):
@@ -339,7 +343,7 @@ class GraphRunner:
             return self._eager(sources, live, host_args, reason)  # type: ignore[arg-type]
 
         captured = self._graphs[size]
-        captured.graph.check_inputs()  # before any refresh byte is written
+        checked = captured.graph.check_inputs()  # before any refresh byte is written
         t0 = time.perf_counter()
         if bound:
             sources.refresh(size, live, widths=widths)  # type: ignore[union-attr]
@@ -354,7 +358,7 @@ class GraphRunner:
             if merged != dict(task.host_args):
                 task.update(**merged)
                 self.stats.task_updates += 1
-        captured.graph.replay()
+        captured.graph.replay(checked=checked)  # refresh and task updates move nothing: no second pass
         self.stats.replays += 1
         self.stats.replays_by_size[size] += 1
         out = self._live_rows(captured.output, live)

@@ -16,13 +16,19 @@ import torch
 
 from graphbuf.errors import AddressChangedError, LivenessError
 
-__all__ = ["Watch"]
+__all__ = ["Checked", "Watch"]
 
 _Geometry = tuple[int, torch.Size, tuple[int, ...]]
 
 
 def _geometry(t: torch.Tensor) -> _Geometry:
     return (t.data_ptr(), t.shape, t.stride())
+
+
+class Checked(list):
+    """The live tensors one :meth:`Watch.check` returned, and the watch that checked them."""
+
+    __slots__ = ("watch",)
 
 
 class Watch:
@@ -77,21 +83,22 @@ class Watch:
         self._refs.append(ref)
         self._expected.append(geometry)
 
-    def check(self, where: str = "replay") -> list[torch.Tensor]:
+    def check(self, where: str = "replay") -> Checked:
         """The watched tensors, in watch order, after checking that each is alive and unmoved.
 
         Raises :class:`~graphbuf.errors.LivenessError` for a freed tensor and
         :class:`~graphbuf.errors.AddressChangedError` for one rebound, resized or restrided; ``where`` says
         what was about to happen (it prefixes the message).
         """
-        live = [r() for r in self._refs]
+        live = Checked([r() for r in self._refs])
+        live.watch = self
         try:
             now = [(t.data_ptr(), t.shape, t.stride()) for t in live]  # type: ignore[union-attr]
         except AttributeError:  # a None: freed
             raise self._error(live, where) from None
         if now != self._expected:
             raise self._error(live, where)
-        return live  # type: ignore[return-value]
+        return live
 
     def _error(self, live: Sequence[torch.Tensor | None], where: str) -> Exception:
         for label, t, (ptr, shape, stride) in zip(self._labels, live, self._expected, strict=True):

@@ -51,7 +51,7 @@ from graphbuf.graphs.emulator.recording import STATE, Recorder, Segment, recordi
 from graphbuf.graphs.emulator.shortcuts import MISSING, RECIPES, Recipe, find_recipe, recipe_calls
 from graphbuf.graphs.emulator.slots import Group, Node, Slot, materialize, rebuild, slots_in
 from graphbuf.graphs.guards import HostReadGuard, poison
-from graphbuf.graphs.watch import Watch
+from graphbuf.graphs.watch import Checked, Watch
 
 __all__ = ["Emulator"]
 
@@ -414,15 +414,18 @@ class Emulator:
         self._names.update((label, weakref.ref(t)) for label, t in names.items())
         self._watch = self._watch.named(names)
 
-    def replay(self) -> None:
+    def replay(self, checked: Checked | None = None) -> None:
         """Run the recorded ops once, in order; static tensors are rewritten in place.
+
+        ``checked``: what ``watch.check()`` returned just before, if nothing since could have moved a
+        tensor (it is used only if the watch is still the one that checked it; else the check runs here).
 
         Raises :class:`~graphbuf.errors.LivenessError` if a tensor the capture used was freed and
         :class:`~graphbuf.errors.AddressChangedError` if one was rebound, resized or restrided (a device
         graph would read its old memory)."""
         if not self._captured or self._replay is None:
             raise CaptureError("replay() before a completed capture")
-        live = self._watch.check("replay")
+        live = checked if checked is not None and checked.watch is self._watch else self._watch.check("replay")
         if torch.is_inference_mode_enabled():
             self._replay(*live)
             return
