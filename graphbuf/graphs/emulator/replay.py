@@ -425,7 +425,9 @@ class Emulator:
         graph would read its old memory)."""
         if not self._captured or self._replay is None:
             raise CaptureError("replay() before a completed capture")
-        live = checked if checked is not None and checked.watch is self._watch else self._watch.check("replay")
+        live = checked
+        if live is None or live.watch is not self._watch:
+            live = self._watch.check("replay")
         if torch.is_inference_mode_enabled():
             self._replay(*live)
             return
