@@ -204,6 +204,7 @@ def test_run_before_capture_says_so() -> None:
         ("requests )", r"output_rows 'requests \)'"),
         ([], "no rule given"),
         ([1.5], r"output_rows\[0\]: 1.5 is float"),
+        (None, r"output_rows: None is NoneType; allowed: an expression string"),
     ],
 )
 def test_output_rows_are_checked_when_the_runner_is_built(rows: object, match: str) -> None:

@@ -268,9 +268,9 @@ class GraphRunner:
     def _exclusive(self, call: str) -> Iterator[None]:
         if not self._busy.acquire(blocking=False):
             raise ConcurrentUseError(
-                f"GraphRunner.{call} while another call is running on this runner (another thread); a "
-                "runner's graphs, buffers and outputs serve one caller at a time. Use one runner per "
-                "thread, or serialize the calls."
+                f"GraphRunner.{call} while another call is running on this runner (from another thread, or "
+                "from inside the captured callable); a runner's graphs, buffers and outputs serve one caller "
+                "at a time. Use one runner per thread, or serialize the calls."
             )
         try:
             yield
@@ -411,6 +411,11 @@ class GraphRunner:
 
 
 def _parse_rows(output_rows: str | Sequence[str], constants: Mapping[str, Any]) -> tuple[Expr, ...]:
+    if not isinstance(output_rows, (str, list, tuple)):
+        raise SpecError(
+            f"GraphRunner output_rows: {output_rows!r} is {type(output_rows).__name__}; allowed: an "
+            "expression string, or a list of them (one per output)"
+        )
     rules = (output_rows,) if isinstance(output_rows, str) else tuple(output_rows)
     if not rules:
         raise SpecError("GraphRunner output_rows: no rule given; allowed: an expression or one per output")

@@ -35,7 +35,9 @@ class Watch:
     """Tensors checked before each replay: alive, and at their captured address, shape and stride.
 
     Entries keep the order they were given in (one tensor may appear more than once). The watch holds no
-    strong reference: a tensor freed after capture is reported, not kept.
+    strong reference: a tensor freed after capture is reported, not kept. Liveness is that of the tensor
+    object the capture received: dropping that object counts as freeing it even if a base or another view
+    keeps its memory (keep the tensors a graph uses alive as long as the graph, as servers do).
     """
 
     __slots__ = ("_expected", "_ids", "_labels", "_refs")
