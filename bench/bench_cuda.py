@@ -35,8 +35,8 @@ from common import SPEC, compare, render_table, step_buffers, write_json
 
 from graphbuf.adapters.vllm_ascend.binding import Gemma4AttentionTask
 from graphbuf.buffers import StaticBuffers
+from graphbuf.graphs.runner import GraphRunner, Step
 from graphbuf.planner import Plan, plan
-from graphbuf.runner import GraphRunner, Step
 
 __all__ = ["count_copies", "main", "run"]
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_json
 
-from graphbuf.graph import Graph
+from graphbuf.graphs.graph import Graph
 
 
 @dataclass

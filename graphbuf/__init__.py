@@ -2,7 +2,7 @@
 
 The data path, top-down: spec (:mod:`graphbuf.spec`) → plan (:mod:`graphbuf.planner`) → buffers
 (:mod:`graphbuf.buffers`) → refresh (:mod:`graphbuf.refresh`, a package)
-→ graph (:mod:`graphbuf.graph`) → runner (:mod:`graphbuf.runner`).
+→ graph (:mod:`graphbuf.graphs.graph`) → runner (:mod:`graphbuf.graphs.runner`).
 
 Importing ``graphbuf`` itself imports only the standard library; each public name loads its module on first
 use, so light entry points (the vLLM plugin) stay light.
@@ -35,12 +35,12 @@ _EXPORTS = {
     "plan": "graphbuf.planner",
     "StaticBuffers": "graphbuf.buffers",
     "BoundSources": "graphbuf.refresh",
-    "Graph": "graphbuf.graph",
-    "CapturedTask": "graphbuf.tasks",
-    "TaskKind": "graphbuf.tasks",
-    "GraphRunner": "graphbuf.runner",
-    "RunnerStats": "graphbuf.runner",
-    "Step": "graphbuf.runner",
+    "Graph": "graphbuf.graphs.graph",
+    "CapturedTask": "graphbuf.graphs.tasks",
+    "TaskKind": "graphbuf.graphs.tasks",
+    "GraphRunner": "graphbuf.graphs.runner",
+    "RunnerStats": "graphbuf.graphs.runner",
+    "Step": "graphbuf.graphs.runner",
 }
 
 __all__ = [
@@ -101,9 +101,9 @@ if TYPE_CHECKING:
         UnknownDeviceError,
         WidthError,
     )
-    from graphbuf.graph import Graph
+    from graphbuf.graphs.graph import Graph
+    from graphbuf.graphs.runner import GraphRunner, RunnerStats, Step
+    from graphbuf.graphs.tasks import CapturedTask, TaskKind
     from graphbuf.planner import BufferPlan, Plan, plan
     from graphbuf.refresh import BoundSources
-    from graphbuf.runner import GraphRunner, RunnerStats, Step
     from graphbuf.spec import GraphSpec, load_spec
-    from graphbuf.tasks import CapturedTask, TaskKind

@@ -16,8 +16,8 @@ import graphbuf
 from graphbuf.adapters.vllm_ascend.binding import Gemma4AttentionTask, LargeHeadBinding
 from graphbuf.cli import main
 from graphbuf.drill import make_batch, run_drill
-from graphbuf.runner import GraphRunner, Step
-from graphbuf.tasks import TaskKind
+from graphbuf.graphs.runner import GraphRunner, Step
+from graphbuf.graphs.tasks import TaskKind
 
 # The shipped spec at a small model length so the software kernels run fast; the layout is unchanged.
 SMALL = {"max_model_len": 256, "num_blocks": 32}
@@ -185,7 +185,7 @@ def test_drill_reports_a_mismatch_as_failure() -> None:
         name, output_rows = "stale", "requests"
 
         def bind(self, buffers: graphbuf.StaticBuffers, generator: torch.Generator) -> None:
-            self.scale = torch.ones(())
+            self.scale = self.captured = torch.ones(())  # ``captured`` keeps it alive (no LivenessError)
 
         def randomize(self, live: int, generator: torch.Generator) -> None:
             self.scale = torch.full((), float(live))  # rebound: the graph keeps the old tensor

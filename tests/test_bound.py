@@ -26,7 +26,7 @@ from graphbuf import (
     StaticBuffers,
     WidthError,
 )
-from graphbuf.runner import EAGER_TOO_LARGE, GraphRunner, Step
+from graphbuf.graphs.runner import EAGER_TOO_LARGE, GraphRunner, Step
 
 Mapping = dict[str, Any]
 

@@ -19,7 +19,7 @@ import graphbuf
 import graphbuf.buffers
 from graphbuf import GraphSpec, PlanTooLargeError, RefreshError, RowsError, StaticBuffers, WidthError
 from graphbuf.buffers import poison_value
-from graphbuf.graph import Graph
+from graphbuf.graphs.graph import Graph
 from graphbuf.planner import BufferPlan, Plan
 
 Mapping = dict[str, Any]

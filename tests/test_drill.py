@@ -15,7 +15,7 @@ import graphbuf
 import graphbuf.drill as drill
 from graphbuf.cli import main
 from graphbuf.drill import PagedDecodeAttention, make_batch, run_drill
-from graphbuf.runner import Step
+from graphbuf.graphs.runner import Step
 
 EXAMPLE = {
     "version": 1,

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import graphbuf
 from graphbuf import AddressChangedError, CaptureError, Graph, GraphRunner, StaticBuffers, Step
-from graphbuf.runner import EAGER_CAPTURE_FAILED, EAGER_TOO_LARGE
+from graphbuf.graphs.runner import EAGER_CAPTURE_FAILED, EAGER_TOO_LARGE
 
 _WEIGHTS = np.arange(1, WIDTH + 1, dtype=np.float64)
 
@@ -103,16 +103,49 @@ def _host_read(step: Step, side: torch.Tensor) -> None:
     step.views["seq_lens"].sum().item()  # rejected by the capture guards
 
 
+def _writes_buffer(step: Step, side: torch.Tensor) -> None:
+    step.views["seq_lens"].fill_(-7)  # a write into a captured buffer, then a failure
+    raise RuntimeError("boom after a buffer write")
+
+
 FAILURES: dict[str, tuple[Callable[[Step, torch.Tensor], None], str]] = {
     "raise-after-ops": (_raise_after_ops, "RuntimeError: boom after ops"),
     "raise-in-task": (_raise_in_task, "RuntimeError: boom inside the task"),
     "host-read": (_host_read, "CaptureError: Tensor.item()"),
+    "writes-buffer": (_writes_buffer, "RuntimeError: boom after a buffer write"),
 }
 
 
 @pytest.mark.parametrize("failure", sorted(FAILURES))
 @pytest.mark.parametrize("bad", SIZES)
-def test_capture_failure_at_one_size_is_isolated(bad: int, failure: str) -> None:
+def test_capture_failure_raises_naming_size_and_cause_with_buffers_restored(bad: int, failure: str) -> None:
+    inject, message = FAILURES[failure]
+    side = torch.zeros(4)
+    compute = WeightedSum()
+
+    def fn(step: Step) -> torch.Tensor:
+        out = compute(step)
+        if step.graph is not None and step.size == bad:
+            inject(step, side)
+        return out
+
+    bufs = make_buffers()
+    bufs.refresh(8, make_batch(8, np.random.default_rng(bad)))
+    slab = bufs.slab.numpy().tobytes()
+    runner = GraphRunner(bufs, fn, output_rows="requests")
+    with pytest.raises(CaptureError, match=rf"capture at size {bad} .*failed: {message}"):
+        runner.capture()
+    assert modes_installed() == (0, 0)
+    assert torch.equal(side, torch.zeros(4))
+    assert bufs.slab.numpy().tobytes() == slab, "a failed capture left bytes in the buffers"
+    assert runner.stats.capture_failures == {}
+
+
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+@pytest.mark.parametrize("bad", SIZES)
+def test_capture_failure_at_one_size_is_isolated_with_eager_fallback(
+    bad: int, failure: str, caplog: pytest.LogCaptureFixture
+) -> None:
     inject, message = FAILURES[failure]
     side = torch.zeros(4)
     compute = WeightedSum()
@@ -127,8 +160,11 @@ def test_capture_failure_at_one_size_is_isolated(bad: int, failure: str) -> None
     rng = np.random.default_rng(bad)
     bufs.refresh(8, make_batch(8, rng))
     slab = bufs.slab.numpy().tobytes()
-    runner = GraphRunner(bufs, fn, output_rows="requests")
-    runner.capture()
+    runner = GraphRunner(bufs, fn, output_rows="requests", on_capture_error="eager")
+    with caplog.at_level("WARNING", logger="graphbuf.graphs.runner"):
+        runner.capture()
+    warned = [r for r in caplog.records if r.name == "graphbuf.graphs.runner"]
+    assert len(warned) == 1 and f"capture at size {bad} failed" in warned[0].getMessage()
 
     assert runner.captured_sizes == tuple(s for s in SIZES if s != bad)
     assert list(runner.stats.capture_failures) == [bad]
@@ -228,12 +264,12 @@ def test_rebound_buffer_is_caught_before_every_replay(
     torch.testing.assert_close(runner.run(src), expected(src), rtol=0, atol=0)
     name, size = rebind(bufs)
     replays = runner.stats.replays
+    slab = bufs.slab.numpy().tobytes()
     for _ in range(3):
-        with pytest.raises(
-            AddressChangedError, match=rf"buffer '{name}' of the graph captured at size {size}"
-        ):
+        with pytest.raises(AddressChangedError, match=rf"buffer '{name}' at size {size} moved: captured at"):
             runner.run(make_batch(size, rng))
     assert runner.stats.replays == replays  # caught before replay, every time
+    assert bufs.slab.numpy().tobytes() == slab  # ... and before any refresh byte was written
     other = next(s for s in SIZES if s != size)
     src = make_batch(other, rng)
     torch.testing.assert_close(runner.run(src), expected(src), rtol=0, atol=0)

@@ -8,7 +8,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from graphbuf.errors import CaptureError
-from graphbuf.graph import Graph
+from graphbuf.graphs.graph import Graph
 
 pytestmark = [
     pytest.mark.cuda,
@@ -80,7 +80,8 @@ def test_host_read_raises_and_graph_can_capture_again() -> None:
     assert torch.equal(y, torch.full((4,), 2.0, device="cuda"))
 
 
-def test_task_bakes_host_args_and_update_raises() -> None:
+def test_task_with_host_args_is_refused_at_capture() -> None:
+    """A CUDA graph cannot re-issue one task with new host arguments: refused at capture, not at run()."""
     x = torch.arange(12.0, device="cuda").reshape(3, 4)
     out = torch.zeros(3, device="cuda")
 
@@ -89,11 +90,12 @@ def test_task_bakes_host_args_and_update_raises() -> None:
             out[i] = x[i, :n].sum()
 
     g = Graph("cuda")
-    with g.capture():
-        task = g.task("attention", row_sums, x, out, seq_lens=[1, 2, 3])
+    match = r"host arguments \['seq_lens'\] cannot be captured on cuda"
+    with pytest.raises(CaptureError, match=match), g.capture():
+        g.task("attention", row_sums, x, out, seq_lens=[1, 2, 3])
+    assert not g.captured and torch.cuda.current_stream() == torch.cuda.default_stream()
+    with g.capture():  # without host arguments a task captures
+        g.task("custom", lambda a, b: b.copy_(a.sum(1)), x, out)
     g.replay()
     torch.cuda.synchronize()
-    assert out.tolist() == [0.0, 9.0, 27.0]
-    with pytest.raises(CaptureError, match="CUDA graph cannot re-issue"):
-        task.update(seq_lens=[4, 4, 4])
-    assert task.host_args["seq_lens"] == [1, 2, 3]
+    assert out.tolist() == [6.0, 22.0, 38.0]

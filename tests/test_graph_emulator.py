@@ -11,10 +11,12 @@ import torch.nn.functional as F
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from graphbuf.emulator import Emulator
-from graphbuf.errors import CaptureError, DeviceUnavailableError
-from graphbuf.graph import Graph
-from graphbuf.guards import capture_guards
+from graphbuf.errors import CaptureError, DeviceUnavailableError, LivenessError
+from graphbuf.graphs.emulator import Emulator
+from graphbuf.graphs.graph import Graph
+from graphbuf.graphs.guards import capture_guards
+
+REPEATS = torch.tensor([1, 2, 0, 1])  # built before any capture (host data is rejected inside)
 
 
 def _no_modes_left() -> bool:
@@ -39,9 +41,13 @@ def test_b_rebound_python_name_is_not_seen() -> None:
     g = Graph("cpu")
     with g.capture():
         y = scope["x"] * 5
+    kept = scope["x"]
     scope["x"] = torch.full((3,), 7.0)  # a new tensor under the old name: the graph keeps the old one
     g.replay()
-    assert torch.equal(y, torch.full((3,), 5.0))
+    assert torch.equal(y, torch.full((3,), 5.0)) and kept.sum() == 3
+    del kept  # now the captured tensor is freed: a device graph would read released memory
+    with pytest.raises(LivenessError, match=r"capture input #0 \(float32 \[3\]\) .* was freed"):
+        g.replay()
 
 
 def test_c_python_scalars_and_host_lists_are_baked() -> None:
@@ -52,14 +58,14 @@ def test_c_python_scalars_and_host_lists_are_baked() -> None:
     g = Graph("cpu")
     with g.capture():
         y = x[:, cols] * scale
-        z = x * torch.tensor(weights)
     scale = 100.0
     cols[0] = 1
-    weights[0] = -1.0
     g.replay()
     assert scale == 100.0 and cols == [1, 2]  # the host values did change ...
     assert torch.equal(y, torch.tensor([[0.0, 6.0], [9.0, 15.0]]))  # ... the graph still uses the old ones
-    assert torch.equal(z, torch.tensor([[0.0, 10.0, 200.0], [3.0, 40.0, 500.0]]))
+    # A tensor built from a host list is a host-to-device copy on a device: rejected, not baked.
+    with pytest.raises(CaptureError, match=r"torch\.tensor\(host data\)"), Graph("cpu").capture():
+        x * torch.tensor(weights)
 
 
 @pytest.mark.parametrize(
@@ -102,7 +108,7 @@ def test_d_host_read_back_raises(name: str, read) -> None:
         ("unique", lambda x: torch.unique(x), "unique"),
         (
             "repeat_interleave_tensor",
-            lambda x: x.repeat_interleave(torch.tensor([1, 2, 0, 1])),
+            lambda x: x.repeat_interleave(REPEATS),
             "output_size",
         ),
         (
@@ -124,12 +130,13 @@ def test_e_data_dependent_shapes_raise(name: str, op, needle: str) -> None:
 
 def test_e_static_shape_forms_are_allowed() -> None:
     x = torch.tensor([1.0, -2.0, 3.0, 0.5])
+    index = torch.tensor([3, 0])
     g = Graph("cpu")
     with g.capture():
         clipped = x.clone()
         clipped[x < 0] = 0.0  # a scalar mask assignment becomes masked_fill_: no data-dependent shape
-        picked = x[torch.tensor([3, 0])]  # integer indexing has a static shape
-        rep = x.repeat_interleave(torch.tensor([1, 2, 0, 1]), output_size=4)
+        picked = x[index]  # integer indexing has a static shape
+        rep = x.repeat_interleave(REPEATS, output_size=4)
         kept = torch.where(x > 0, x, torch.zeros(()))
     x.copy_(torch.tensor([-1.0, 2.0, -3.0, 4.0]))
     g.replay()
@@ -480,7 +487,7 @@ def test_failed_capture_and_reset_leave_no_slots() -> None:
     assert em.slots["static"] == 1
     em.reset()
     assert em.slots["static"] == 0 and em.num_steps == 0
-    assert torch.equal(y, torch.full((3,), 2.0))
+    assert torch.isnan(y).all()  # never replayed: poison, as on a device
 
 
 def test_task_update_releases_the_old_recording() -> None:

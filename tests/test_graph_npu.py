@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from graphbuf.errors import DeviceUnavailableError
-from graphbuf.graph import Graph
+from graphbuf.graphs.graph import Graph
 
 
 def _npu_ready() -> bool:

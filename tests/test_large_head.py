@@ -453,7 +453,7 @@ def _refill(static, fresh):
 @pytest.mark.parametrize("path", ["dense", "blockwise", "decode"])
 def test_capture_replay_cpu_graph_with_mutated_inputs(path):
     graph_mod = pytest.importorskip(
-        "graphbuf.graph", reason="graphbuf.graph (the CPU graph emulator) not present"
+        "graphbuf.graphs.graph", reason="graphbuf.graphs.graph (the CPU graph emulator) not present"
     )
     q_len = 1 if path == "decode" else 4
     scale = _scale(512)

@@ -23,7 +23,7 @@ def _case(seq_lens, q_len, dtype, seed, device="cuda"):
 
 def _capture(fn):
     """Warm ``fn`` up on a side stream, then capture it with graphbuf's Graph("cuda") (or, without
-    graphbuf.graph, torch.cuda.CUDAGraph); return (out, replay)."""
+    graphbuf.graphs.graph, torch.cuda.CUDAGraph); return (out, replay)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -31,7 +31,7 @@ def _capture(fn):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     try:
-        from graphbuf.graph import Graph
+        from graphbuf.graphs.graph import Graph
     except ImportError:
         Graph = None
     if Graph is not None:

@@ -132,7 +132,7 @@ def test_npu_fusion_attention_bnsd_mask_from_device_lengths_matches_software_ker
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_npu_paged_decode_through_graphbuf_task(dtype):
-    from graphbuf.graph import Graph
+    from graphbuf.graphs.graph import Graph
 
     scale = 1.0 / math.sqrt(HEAD_DIM)
     start = [300, 5, 1]

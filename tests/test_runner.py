@@ -8,7 +8,15 @@ import torch
 from paged_spec import PAGED_SPEC as SPEC
 
 import graphbuf
-from graphbuf.runner import EAGER_CAPTURE_FAILED, EAGER_REFUSED, EAGER_TOO_LARGE, GraphRunner, Step
+from graphbuf import (
+    CaptureError,
+    ConcurrentUseError,
+    DeviceUnavailableError,
+    Graph,
+    SpecError,
+    UnknownDeviceError,
+)
+from graphbuf.graphs.runner import EAGER_CAPTURE_FAILED, EAGER_REFUSED, EAGER_TOO_LARGE, GraphRunner, Step
 
 
 def make_buffers() -> graphbuf.StaticBuffers:
@@ -89,6 +97,7 @@ def test_first_use_verification_refuses_graph_reading_a_rebound_tensor() -> None
 
     runner = GraphRunner(make_buffers(), fn, output_rows="requests", verify=True)
     runner.capture()
+    kept = state["scale"]  # the old tensor stays alive (freed, it would be a LivenessError)
     state["scale"] = torch.tensor(3.0)  # rebound, not copied: the graph still reads the old tensor
     src = batch(3)
     out = runner.run(src)
@@ -102,6 +111,7 @@ def test_first_use_verification_refuses_graph_reading_a_rebound_tensor() -> None
     runner2.run(batch(3))
     runner2.run(batch(3, 1))
     assert runner2.stats.refused == {} and runner2.stats.replays == 2
+    assert kept.item() == 2.0
 
 
 def test_capture_failure_at_one_size_leaves_others_captured() -> None:
@@ -110,7 +120,9 @@ def test_capture_failure_at_one_size_leaves_others_captured() -> None:
             raise RuntimeError("boom at 4")
         return simple(step)
 
-    runner = GraphRunner(make_buffers(), fn, output_rows="requests")
+    with pytest.raises(CaptureError, match=r"capture at size 4 .*RuntimeError: boom at 4"):
+        GraphRunner(make_buffers(), fn, output_rows="requests").capture()
+    runner = GraphRunner(make_buffers(), fn, output_rows="requests", on_capture_error="eager")
     runner.capture()
     assert runner.captured_sizes == (2, 8)
     assert "boom at 4" in runner.stats.capture_failures[4]
@@ -126,7 +138,9 @@ def test_host_task_arguments_are_reissued_only_when_they_change() -> None:
     out_buf = torch.zeros(8)
 
     def write_lengths(lens: torch.Tensor, out: torch.Tensor, *, host_lens: list[int]) -> None:
-        out.copy_(lens.float() + torch.tensor(host_lens, dtype=torch.float32))
+        out.copy_(lens.float())
+        for i, n in enumerate(host_lens):  # each host value is a kernel argument, baked into the task
+            out[i] += n
 
     def fn(step: Step) -> torch.Tensor:
         r = step.views["seq_lens"].shape[0]
@@ -164,7 +178,97 @@ def test_verification_is_not_fooled_by_outputs_shared_with_eager() -> None:
 
     runner = GraphRunner(make_buffers(), fn, output_rows="requests", verify=True)
     runner.capture()
+    kept = state["scale"]  # alive, so the stale graph runs (freed, it would be a LivenessError)
     state["scale"] = torch.tensor(5.0)  # rebound after capture
     src = batch(3)
     torch.testing.assert_close(runner.run(src), src["seq_lens"].float() * 5)
-    assert 4 in runner.stats.refused
+    assert 4 in runner.stats.refused and kept.item() == 2.0
+
+
+# ---------------------------------------------------------------------------------- misuse (issue 11 §5)
+
+
+def test_run_before_capture_says_so() -> None:
+    runner = GraphRunner(make_buffers(), simple, output_rows="requests")
+    for n in (3, 9):  # a captured size and one above the largest: both refused
+        with pytest.raises(CaptureError, match=r"run\(\) before capture\(\)"):
+            runner.run(batch(n))
+
+
+@pytest.mark.parametrize(
+    ("rows", "match"),
+    [
+        ("tokenz", r"output_rows 'tokenz': unknown name\(s\) \['tokenz'\]; allowed: tokens, requests"),
+        (["requests", "2 * "], r"output_rows\[1\] '2 \* ': "),
+        ("requests * max_num_seqz", r"unknown name\(s\) \['max_num_seqz'\].*max_num_seqs"),
+        ("requests )", r"output_rows 'requests \)'"),
+        ([], "no rule given"),
+        ([1.5], r"output_rows\[0\]: 1.5 is float"),
+        (None, r"output_rows: None is NoneType; allowed: an expression string"),
+    ],
+)
+def test_output_rows_are_checked_when_the_runner_is_built(rows: object, match: str) -> None:
+    with pytest.raises(SpecError, match=match) as info:
+        GraphRunner(make_buffers(), simple, output_rows=rows)  # type: ignore[arg-type]
+    assert isinstance(info.value, graphbuf.GraphbufError)
+
+
+def test_unknown_on_capture_error_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"on_capture_error='ignore'; allowed: 'raise', 'eager'"):
+        GraphRunner(make_buffers(), simple, on_capture_error="ignore")
+
+
+def test_concurrent_run_from_two_threads_raises_instead_of_mixing_outputs() -> None:
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def fn(step: Step) -> torch.Tensor:
+        if step.graph is None and step.requests == 9:  # the eager step: hold the runner busy
+            inside.set()
+            release.wait(10)
+        return simple(step)
+
+    runner = GraphRunner(make_buffers(), fn, output_rows="requests")
+    runner.capture()
+
+    def first() -> None:
+        try:
+            runner.run(batch(9))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert inside.wait(10)
+    with pytest.raises(ConcurrentUseError, match=r"GraphRunner\.run\(\) while another call is running"):
+        runner.run(batch(3))
+    with pytest.raises(ConcurrentUseError, match=r"GraphRunner\.capture\(\)"):
+        runner.capture()
+    release.set()
+    t.join(10)
+    assert errors == []
+    torch.testing.assert_close(runner.run(batch(3)), expected(batch(3)))  # free again afterwards
+
+
+@pytest.mark.parametrize(
+    ("device", "error"),
+    [
+        ("tpu", UnknownDeviceError),
+        ("cuda:x", UnknownDeviceError),
+        ("mps", UnknownDeviceError),
+        pytest.param(
+            "cuda",
+            DeviceUnavailableError,
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
+        ("cuda:99", DeviceUnavailableError),
+        ("npu", DeviceUnavailableError),
+        ("npu:3", DeviceUnavailableError),
+    ],
+)
+def test_graph_device_errors(device: str, error: type[Exception]) -> None:
+    with pytest.raises(error, match=device.split(":")[0]) as info:
+        Graph(device)
+    assert isinstance(info.value, graphbuf.GraphbufError)

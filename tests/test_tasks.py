@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from graphbuf.errors import CaptureError
-from graphbuf.graph import Graph
-from graphbuf.tasks import CapturedTask, FrozenList, TaskKind
+from graphbuf.graphs.graph import Graph
+from graphbuf.graphs.tasks import CapturedTask, FrozenList, TaskKind
 
 
 def masked_row_sum(x: torch.Tensor, out: torch.Tensor, *, seq_lens: list[int]) -> None:
@@ -102,9 +102,10 @@ def test_task_argument_errors() -> None:
     g = Graph("cpu")
     with pytest.raises(CaptureError, match="only valid inside capture"):
         g.task("attention", masked_row_sum, x, out, seq_lens=[1, 2, 3])
+    lens = torch.tensor([1, 2, 3])
     with g.capture():
         with pytest.raises(TypeError, match="tensor_args"):
-            g.task("attention", masked_row_sum, x, out, seq_lens=torch.tensor([1, 2, 3]))
+            g.task("attention", masked_row_sum, x, out, seq_lens=lens)
         with pytest.raises(TypeError, match=r"tensor_args\[1\]"):
             g.task("attention", masked_row_sum, x, [1, 2, 3])
         with pytest.raises(ValueError, match="unknown task kind"):

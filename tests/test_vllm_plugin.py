@@ -36,7 +36,7 @@ import graphbuf.adapters.vllm_ascend.patch as patch
 import graphbuf.adapters.vllm_ascend.plugin as plugin
 import graphbuf.adapters.vllm_ascend.resolve as resolve
 from graphbuf.errors import CaptureError, GraphbufError, SpecError, WidthError
-from graphbuf.graph import Graph
+from graphbuf.graphs.graph import Graph
 
 FAKE_ROOT = Path(__file__).resolve().parent / "fake_vllm_ascend"
 ADAPTER_DIR = Path(plugin.__file__).resolve().parent

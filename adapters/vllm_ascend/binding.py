@@ -5,14 +5,14 @@ Every full-attention layer gets a decode task and a verify task. A task reads it
 layer of the group, so one refresh per replay serves all layers and its cost does not grow with the layer
 count.
 
-* Decode (one token per request) is an :data:`~graphbuf.tasks.TaskKind.ATTENTION` task whose KV lengths are a
+* Decode (one token per request) is an :data:`~graphbuf.TaskKind.ATTENTION` task whose KV lengths are a
   host list (``seq_lens_kv``), as Ascend's fused infer attention takes ``actual_seq_lengths_kv``. The graph
   bakes the list; :meth:`LargeHeadBinding.host_args` gives the fresh one and the runner re-issues the task
   before replay. On an NPU the task is the real kernel; on cpu the software kernel reads the baked list, so a
   task that is not re-issued replays stale lengths exactly as the device would. CUDA graphs cannot re-issue
   a task, so on cuda decode reads the device lengths instead.
 * Verify (``q_len = 1 + num_speculative_tokens`` tokens per request) is a
-  :data:`~graphbuf.tasks.TaskKind.SPEC_VERIFY_ATTENTION` task with no host arguments: the causal mask is built
+  :data:`~graphbuf.TaskKind.SPEC_VERIFY_ATTENTION` task with no host arguments: the causal mask is built
   on the device from the ``seq_lens`` buffer, whose address never changes.
 """
 
@@ -25,9 +25,8 @@ from typing import Any
 import torch
 
 from graphbuf.buffers import StaticBuffers
-from graphbuf.drill import OVERSIZE
-from graphbuf.runner import Step
-from graphbuf.tasks import TaskKind
+from graphbuf.graphs.runner import OVERSIZE, Step
+from graphbuf.graphs.tasks import TaskKind
 
 from . import kernels
 from .large_head import (
@@ -64,7 +63,10 @@ def _decode_kernel(
         )
         return
     # Software stand-in with the NPU kernel's contract: KV lengths come from the host list, baked at capture.
-    lens = torch.tensor(seq_lens_kv, dtype=torch.int32, device=query.device)
+    # Each length is a kernel argument (a fill), as in the NPU task; no host tensor is built inside capture.
+    lens = torch.empty(len(seq_lens_kv), dtype=torch.int32, device=query.device)
+    for i, n in enumerate(seq_lens_kv):
+        lens[i] = n
     out.copy_(decode_attention(query, key_cache, value_cache, block_table, lens, scale))
 
 

@@ -1,15 +1,19 @@
 """Capture guards: what no device graph can record raises :class:`~graphbuf.errors.CaptureError`.
 
 :class:`HostReadGuard` (a torch-function mode) rejects host read-back during capture: ``.item()``,
-``.tolist()``, ``.numpy()``, ``bool(t)``, copies to the host, .... :class:`DispatchGuard` (a dispatch mode)
-rejects ops whose output shape depends on tensor values (``nonzero``, ``x[mask]``, ``unique``, ...).
-:class:`graphbuf.graph.Graph` installs both around every capture (cpu, cuda, npu); the cpu emulator's recorder
+``.tolist()``, ``.numpy()``, ``bool(t)``, copies to the host, formatting (``print``, ``str``, ``repr``,
+``format``), and tensors built from host data (``torch.tensor`` / ``as_tensor`` / ``asarray`` of lists or
+numpy). :class:`DispatchGuard` (a dispatch mode) rejects ops whose output shape depends on
+tensor values (``nonzero``, ``x[mask]``, ``unique``, ...) and host-to-device copies of host tensors, and
+records the tensors from before capture that the captured work uses.
+:class:`graphbuf.Graph` installs both around every capture (cpu, cuda, npu); the cpu emulator's recorder
 applies :func:`check_dispatch` op by op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphbuf.errors import CaptureError
 
-__all__ = ["DispatchGuard", "HostReadGuard", "capture_guards", "check_dispatch", "op_overloads"]
+__all__ = ["DispatchGuard", "HostReadGuard", "capture_guards", "check_dispatch", "op_overloads", "poison"]
 
 
 _T = torch.Tensor
@@ -34,6 +38,21 @@ _HOST_READS: dict[object, str] = {
     _T.__index__: "using a tensor as a Python int (tensor.__index__)",
     _T.__array__: "numpy.asarray(tensor) (tensor.__array__)",
 }
+_FORMATS: dict[object, str] = {
+    _T.__repr__: "repr(tensor) / print(tensor)",
+    _T.__str__: "str(tensor) / print(tensor)",
+    _T.__format__: "format(tensor) / an f-string of a tensor",
+}
+_FROM_HOST: dict[object, str] = {
+    torch.tensor: "torch.tensor(host data)",
+    torch.as_tensor: "torch.as_tensor(host data)",
+    torch.asarray: "torch.asarray(host data)",
+}
+_FROM_HOST_WHY = (
+    "builds a tensor from host data during graph capture; on a device that is a host-to-device copy whose "
+    "source a graph cannot re-read at replay (a real capture fails or bakes a stale value). Build the "
+    "tensor before capture and refresh it in place, or pass the values as host arguments of a task."
+)
 _HOST_READ_WHY = (
     "reads tensor data back to the host during graph capture; a graph records device work and cannot stop "
     "to hand a value to Python at replay. Keep the value on the device (tensor ops, torch.where) or read "
@@ -80,6 +99,20 @@ class HostReadGuard(TorchFunctionMode):
             what = None
         if what is not None:
             raise CaptureError(f"{what} {_HOST_READ_WHY}")
+        try:
+            fmt = _FORMATS.get(func)
+            made = _FROM_HOST.get(func)
+        except TypeError:
+            fmt = made = None
+        if fmt is not None:
+            raise CaptureError(
+                f"{fmt} formats tensor values during graph capture, a blocking device-to-host read a graph "
+                "cannot record (and would print capture-time values once, never at replay). Print after "
+                "replay(), or print shapes (tensor.shape) instead."
+            )
+        from_tensor = bool(args) and isinstance(args[0], torch.Tensor)
+        if made is not None and not from_tensor:
+            raise CaptureError(f"{made} {_FROM_HOST_WHY}")
         if (func is _T.cpu or func is _T.to) and args and isinstance(args[0], torch.Tensor):
             self._check_host_copy(func, args, kwargs)
         return func(*args, **kwargs)
@@ -228,10 +261,34 @@ def check_dispatch(func: torch._ops.OpOverload, args: Sequence[Any], kwargs: Map
         dst, src = args[0], _arg(args, kwargs, 1, "src")
         if isinstance(src, torch.Tensor) and dst.device.type == "cpu" and src.device.type != "cpu":
             raise _to_cpu_error(str(func), src)
+        host_src = isinstance(src, torch.Tensor) and src.device.type == "cpu" and src.dim() > 0
+        if host_src and dst.device.type != "cpu":  # 0-d cpu tensors are ATen's wrapped scalars
+            raise CaptureError(
+                f"{func} copies a host tensor of shape {tuple(src.shape)} into a {dst.device.type} tensor "
+                f"during graph capture; {_FROM_HOST_WHY}"
+            )
+
+
+def _tensors(values: Iterable[Any]) -> Iterator[torch.Tensor]:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
 class DispatchGuard(TorchDispatchMode):
-    """Torch-dispatch mode that applies :func:`check_dispatch` to every aten op and then runs it."""
+    """Torch-dispatch mode that applies :func:`check_dispatch` to every aten op and then runs it.
+
+    ``inputs``: every tensor an op received that no op under this guard produced (the tensors from before
+    capture the recorded work uses), in first-use order. ``produced``: weak references to the tensors the
+    ops returned (those still alive after capture are the graph's static outputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[torch.Tensor] = []
+        self.produced: list[weakref.ref[torch.Tensor]] = []
+        self._seen: dict[int, weakref.ref[torch.Tensor]] = {}
 
     def __torch_dispatch__(
         self,
@@ -242,11 +299,43 @@ class DispatchGuard(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         check_dispatch(func, args, kwargs)
-        return func(*args, **kwargs)
+        seen = self._seen
+        for t in _tensors((*args, *kwargs.values())):
+            ref = seen.get(id(t))
+            if ref is None or ref() is not t:
+                seen[id(t)] = weakref.ref(t)
+                self.inputs.append(t)
+        out = func(*args, **kwargs)
+        for t in _tensors(out if isinstance(out, (list, tuple)) else (out,)):
+            ref = seen.get(id(t))
+            if ref is None or ref() is not t:  # an op's own argument returned (in-place) stays an input
+                seen[id(t)] = ref = weakref.ref(t)
+                self.produced.append(ref)
+        return out
+
+
+def poison(tensors: Iterable[torch.Tensor]) -> None:
+    """Fill each tensor with the value an uninitialized device buffer stands for: NaN for floating and
+    complex dtypes, the minimum for integers, True for bool (what a graph's outputs hold between capture
+    and the first replay: a device capture runs no kernel)."""
+    with torch.no_grad():
+        for t in tensors:
+            dtype = t.dtype
+            if dtype.is_floating_point or dtype.is_complex:
+                value: float | int | bool = float("nan")
+            elif dtype == torch.bool:
+                value = True
+            else:
+                try:
+                    value = torch.iinfo(dtype).min
+                except TypeError:  # quantized and other exotic dtypes: left as they are
+                    continue
+            t.detach().fill_(value)
 
 
 @contextmanager
-def capture_guards(*, strict_cpu: bool) -> Iterator[None]:
-    """Install :class:`HostReadGuard` and :class:`DispatchGuard` for the body; both are removed on exit."""
-    with HostReadGuard(strict_cpu=strict_cpu), DispatchGuard():
-        yield
+def capture_guards(*, strict_cpu: bool) -> Iterator[DispatchGuard]:
+    """Install :class:`HostReadGuard` and :class:`DispatchGuard` for the body; both are removed on exit.
+    Yields the dispatch guard (its ``inputs`` are the tensors from before capture the body used)."""
+    with HostReadGuard(strict_cpu=strict_cpu), DispatchGuard() as guard:
+        yield guard

@@ -6,34 +6,49 @@ The callable reads its inputs from :class:`graphbuf.StaticBuffers` views and rec
         bt, lens = step.views["block_table.full"], step.views["seq_lens"]
         return step.task("attention", kernel, query, bt, lens, out, seq_lens_kv=...)  # see Step.task
 
-Per :meth:`GraphRunner.run`: pick the smallest capture size that fits the live batch, refresh the buffers,
-check that every captured buffer still lives at its captured address and shape (every replay, not a debug
-mode: integer compares), re-issue captured tasks whose host arguments changed, replay, return the live
-output rows. Batches above the largest capture size, sizes whose capture failed, and sizes refused by
-first-use verification run eagerly; :class:`RunnerStats` counts every replay, fallback and reason.
+Per :meth:`GraphRunner.run`: pick the smallest capture size that fits the live batch; check, in one pass,
+that every tensor the graph uses (its buffers, task tensor arguments, and every other tensor from before
+capture it reads or writes) is alive and at its captured address, shape and stride, before any byte is
+refreshed (every replay, not a debug mode); refresh the buffers; re-issue captured tasks whose host
+arguments changed; replay; return the live output rows. Batches above the largest capture size and sizes
+refused by first-use verification run eagerly; :class:`RunnerStats` counts every replay, fallback and
+reason. A capture that fails raises :class:`~graphbuf.errors.CaptureError` unless the runner was built with
+``on_capture_error="eager"``.
 
 The returned tensors are views of the graph's static outputs: the next replay of that size overwrites
-them. Clone what you keep. A runner is not thread-safe; use one per thread (or serialize calls).
+them. Clone what you keep. A runner serves one caller at a time: a call while another thread is inside
+:meth:`GraphRunner.run` or :meth:`GraphRunner.capture` raises :class:`~graphbuf.errors.ConcurrentUseError`
+(use one runner per thread, or serialize the calls).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from graphbuf.bound import BoundSources
 from graphbuf.buffers import StaticBuffers
-from graphbuf.errors import AddressChangedError, RefreshError
-from graphbuf.expr import parse_expr
-from graphbuf.graph import Graph
-from graphbuf.refresh import check_num_reqs
+from graphbuf.errors import CaptureError, ConcurrentUseError, RefreshError, SpecError
+from graphbuf.expr import Expr, ExprError, parse_expr
+from graphbuf.graphs.graph import Graph
+from graphbuf.refresh import BoundSources, check_num_reqs
 
-__all__ = ["EAGER_CAPTURE_FAILED", "EAGER_REFUSED", "EAGER_TOO_LARGE", "GraphRunner", "RunnerStats", "Step"]
+__all__ = [
+    "EAGER_CAPTURE_FAILED",
+    "EAGER_REFUSED",
+    "EAGER_TOO_LARGE",
+    "OVERSIZE",
+    "GraphRunner",
+    "RunnerStats",
+    "Step",
+]
 
 #: Reasons a step runs eagerly (keys of ``RunnerStats.eager_reasons``); details live in
 #: ``RunnerStats.capture_failures`` and ``RunnerStats.refused``.
@@ -41,7 +56,15 @@ EAGER_TOO_LARGE = "batch above the largest capture size"
 EAGER_CAPTURE_FAILED = "capture failed at this size"
 EAGER_REFUSED = "graph refused by first-use verification"
 
+#: Eager batches a task sizes its static inputs for: up to this many times the largest capture size (the
+#: drill's largest batch; the adapter's task inputs).
+OVERSIZE = 2
+
 Output = torch.Tensor | tuple[torch.Tensor, ...]
+
+ON_CAPTURE_ERROR = ("raise", "eager")
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -100,7 +123,6 @@ class RunnerStats:
 class _Captured:
     graph: Graph
     output: Output
-    watched: tuple[tuple[str, torch.Tensor, int, torch.Size, tuple[int, ...]], ...]
     verified: bool = False
 
 
@@ -117,6 +139,13 @@ class GraphRunner:
             refuse that graph (eager from then on, reason recorded in ``stats.refused``).
         rtol, atol: the verification tolerance.
         warmup: eager runs before capturing each size on devices that need it (cuda, npu).
+        on_capture_error: ``"raise"`` (default): a capture that fails raises :class:`CaptureError` naming
+            the size and the cause, after every buffer is restored; ``"eager"``: that size runs eagerly
+            from then on, with one logged warning per size and the reason in ``stats.capture_failures``.
+
+    Raises :class:`~graphbuf.errors.SpecError` (a GraphbufError) for an ``output_rows`` rule that does not
+    parse or uses a name other than ``tokens``, ``requests`` and the spec's constants; ValueError for an
+    unknown ``on_capture_error``.
     """
 
     def __init__(
@@ -129,7 +158,14 @@ class GraphRunner:
         rtol: float = 1e-5,
         atol: float = 1e-5,
         warmup: int = 2,
+        on_capture_error: str = "raise",
     ) -> None:
+        if on_capture_error not in ON_CAPTURE_ERROR:
+            raise ValueError(
+                f"on_capture_error={on_capture_error!r}; allowed: "
+                + ", ".join(repr(v) for v in ON_CAPTURE_ERROR)
+            )
+        self.on_capture_error = on_capture_error
         self.buffers = buffers
         self.fn = fn
         self.device = buffers.device
@@ -137,12 +173,13 @@ class GraphRunner:
         self.rtol, self.atol = rtol, atol
         self.warmup = warmup if self.device.type != "cpu" else 0
         self.stats = RunnerStats()
-        rules = (output_rows,) if isinstance(output_rows, str) else tuple(output_rows)
-        self._output_rows = tuple(parse_expr(r) for r in rules)
+        self._output_rows = _parse_rows(output_rows, buffers.plan.constants)
         self._rows_memo: dict[int, list[int]] = {}
         self._graphs: dict[int, _Captured] = {}
         self._tpr = buffers.plan.tokens_per_request
         self._max_requests = buffers.capture_sizes[-1] // self._tpr
+        self._capture_called = False
+        self._busy = threading.Lock()  # taken without blocking: a second caller is an error, not a waiter
 
     # ------------------------------------------------------------------------------------------------------
 
@@ -152,10 +189,18 @@ class GraphRunner:
         ``host_args(size)`` gives the host task arguments to capture with at ``size`` (default: the
         defaults the callable passes to :meth:`Step.task`); :meth:`run` re-issues tasks with fresh ones.
 
-        A size whose capture raises is left uncaptured (it runs eagerly; ``stats.capture_failures``
-        holds the reason) and the others still capture. Buffers should hold valid data (e.g. after a
-        refresh) or their pads: capture runs the callable once per size.
+        A size whose capture raises (warm-up runs included) restores every buffer to its bytes from before
+        :meth:`capture` and raises :class:`CaptureError` naming the size and the cause; with
+        ``on_capture_error="eager"`` it is left uncaptured instead (it runs eagerly; one warning is logged
+        and ``stats.capture_failures`` holds the reason) and the other sizes still capture. Buffers should
+        hold valid data (e.g. after a refresh) or their pads: capture runs the callable once per size.
         """
+        with self._exclusive("capture()"):
+            self._capture(host_args)
+
+    def _capture(self, host_args: Callable[[int], Mapping[str, Mapping[str, Any]]] | None) -> None:
+        self._capture_called = True
+        saved = {name: t.clone() for name, t in self.buffers.full.items()}
         pool = None
         for size in sorted(self.buffers.capture_sizes, reverse=True):
             views = self.buffers.view(size)
@@ -168,12 +213,27 @@ class GraphRunner:
                 with graph.capture(pool=pool):
                     output = self.fn(Step(size, views, graph, args, size // self._tpr))
             except Exception as exc:
-                self.stats.capture_failures[size] = f"{type(exc).__name__}: {exc}"
+                with torch.no_grad():
+                    for name, t in self.buffers.full.items():
+                        t.copy_(saved[name])
+                cause = f"{type(exc).__name__}: {exc}"
+                if self.on_capture_error == "raise":
+                    raise CaptureError(
+                        f"capture at size {size} (tokens; {size // self._tpr} requests) failed: {cause}. "
+                        "Every buffer was restored. Fix the callable, or build the runner with "
+                        "on_capture_error='eager' to run that size eagerly."
+                    ) from exc
+                self.stats.capture_failures[size] = cause
+                _log.warning(
+                    "graphbuf: capture at size %d failed, that size runs eagerly (several times slower): %s",
+                    size,
+                    cause,
+                )
                 continue
             if pool is None:
                 pool = graph.pool()
-            watched = tuple((name, t, t.data_ptr(), t.shape, t.stride()) for name, t in views.items())
-            self._graphs[size] = _Captured(graph, output, watched)
+            graph.name_inputs({f"buffer {name!r} at size {size}": t for name, t in views.items()})
+            self._graphs[size] = _Captured(graph, output)
 
     def _warm(self, step: Step) -> None:
         stream = getattr(torch, self.device.type).Stream()
@@ -195,15 +255,27 @@ class GraphRunner:
         return None
 
     def check_addresses(self, size: int) -> None:
-        """Raise AddressChangedError if any buffer captured at ``size`` moved or changed shape."""
-        for name, t, ptr, shape, stride in self._graphs[size].watched:
-            if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride:
-                raise AddressChangedError(
-                    f"buffer {name!r} of the graph captured at size {size} moved: captured at "
-                    f"{ptr:#x} shape {list(shape)} stride {list(stride)}, now {t.data_ptr():#x} shape "
-                    f"{list(t.shape)} stride {list(t.stride())}; a buffer was rebound, resized or "
-                    "restrided instead of refreshed in place"
-                )
+        """Check, in one pass, that every tensor the graph captured at ``size`` uses (buffers, task tensor
+        arguments, other tensors from before capture) is alive and unmoved; raise
+        :class:`~graphbuf.errors.LivenessError` or :class:`~graphbuf.errors.AddressChangedError` naming it."""
+        self._graphs[size].graph.check_inputs()
+
+    def watched(self, size: int) -> tuple[str, ...]:
+        """Labels of the tensors checked before each replay of the graph captured at ``size``."""
+        return self._graphs[size].graph.watched
+
+    @contextmanager
+    def _exclusive(self, call: str) -> Iterator[None]:
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentUseError(
+                f"GraphRunner.{call} while another call is running on this runner (from another thread, or "
+                "from inside the captured callable); a runner's graphs, buffers and outputs serve one caller "
+                "at a time. Use one runner per thread, or serialize the calls."
+            )
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     def _live_requests(self, sources: Mapping[str, Any] | BoundSources, num_reqs: int | None) -> int:
         if num_reqs is not None:
@@ -238,7 +310,24 @@ class GraphRunner:
 
         ``sources``: a mapping as :meth:`StaticBuffers.refresh` takes, or :class:`BoundSources` bound to
         this runner's buffers; then ``num_reqs`` is required and ``widths`` gives 2-D live widths.
+
+        Raises :class:`CaptureError` before :meth:`capture`, :class:`ConcurrentUseError` while another
+        thread is inside this runner, :class:`~graphbuf.errors.LivenessError` /
+        :class:`~graphbuf.errors.AddressChangedError` (before any buffer byte is written) if a tensor the
+        graph uses was freed or moved, and :class:`RefreshError` for rejected sources.
         """
+        with self._exclusive("run()"):
+            return self._run(sources, num_reqs, widths, host_args)
+
+    def _run(
+        self,
+        sources: Mapping[str, Any] | BoundSources,
+        num_reqs: int | None,
+        widths: Mapping[str, int] | None,
+        host_args: Mapping[str, Mapping[str, Any]] | None,
+    ) -> Output:
+        if not self._capture_called:
+            raise CaptureError("run() before capture(): call runner.capture() once before the first run()")
         bound = isinstance(sources, BoundSources)
         if bound and sources.buffers is not self.buffers:
             raise RefreshError("run(): these bound sources belong to other StaticBuffers than the runner's")
@@ -259,14 +348,14 @@ class GraphRunner:
         if reason is not None:
             return self._eager(sources, live, host_args, reason, widths)
 
+        captured = self._graphs[size]
+        checked = captured.graph.check_inputs()  # before any refresh byte is written
         t0 = time.perf_counter()
         if bound:
             sources.refresh(size, live, widths=widths)  # type: ignore[union-attr]
         else:
             self.buffers.refresh(size, sources, num_reqs=live)  # type: ignore[arg-type]
         self.stats.refresh_s.append(time.perf_counter() - t0)
-        self.check_addresses(size)
-        captured = self._graphs[size]
         for task in captured.graph.tasks:
             fresh = host_args.get(str(task.kind))
             if fresh is None:
@@ -275,7 +364,7 @@ class GraphRunner:
             if merged != dict(task.host_args):
                 task.update(**merged)
                 self.stats.task_updates += 1
-        captured.graph.replay()
+        captured.graph.replay(checked=checked)  # refresh and task updates move nothing: no second pass
         self.stats.replays += 1
         self.stats.replays_by_size[size] += 1
         out = self._live_rows(captured.output, live)
@@ -331,6 +420,37 @@ class GraphRunner:
             else:
                 views[name] = self.buffers.view(self.buffers.capture_sizes[-1])[name]
         return views
+
+
+def _parse_rows(output_rows: str | Sequence[str], constants: Mapping[str, Any]) -> tuple[Expr, ...]:
+    if not isinstance(output_rows, (str, list, tuple)):
+        raise SpecError(
+            f"GraphRunner output_rows: {output_rows!r} is {type(output_rows).__name__}; allowed: an "
+            "expression string, or a list of them (one per output)"
+        )
+    rules = (output_rows,) if isinstance(output_rows, str) else tuple(output_rows)
+    if not rules:
+        raise SpecError("GraphRunner output_rows: no rule given; allowed: an expression or one per output")
+    allowed = {"tokens", "requests", *constants}
+    parsed = []
+    for i, rule in enumerate(rules):
+        where = "output_rows" if isinstance(output_rows, str) else f"output_rows[{i}]"
+        if not isinstance(rule, (str, int)) or isinstance(rule, bool):
+            raise SpecError(
+                f"GraphRunner {where}: {rule!r} is {type(rule).__name__}; allowed: an expression string"
+            )
+        try:
+            expr = parse_expr(rule)
+        except ExprError as exc:
+            raise SpecError(f"GraphRunner {where} {rule!r}: {exc}") from None
+        unknown = sorted(expr.names - allowed)
+        if unknown:
+            raise SpecError(
+                f"GraphRunner {where} {rule!r}: unknown name(s) {unknown}; allowed: tokens, requests"
+                + (f" and the spec's constants ({', '.join(sorted(constants))})" if constants else "")
+            )
+        parsed.append(expr)
+    return tuple(parsed)
 
 
 def _clone(output: Output) -> Output:

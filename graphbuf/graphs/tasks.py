@@ -2,7 +2,7 @@
 
 Some kernels take host values, not device tensors: Ascend's ``npu_fused_infer_attention_score`` takes
 ``actual_seq_lengths`` / ``actual_seq_lengths_kv`` as host integer lists. A captured graph bakes such values
-in; they change only when the captured task is re-issued. :meth:`graphbuf.graph.Graph.task` captures ``fn``
+in; they change only when the captured task is re-issued. :meth:`graphbuf.Graph.task` captures ``fn``
 as one task and returns a :class:`CapturedTask`, whose :meth:`CapturedTask.update` re-issues it:
 
 - cpu (emulator): the task is a separate group of the recording; ``update`` re-records that group;
@@ -155,7 +155,7 @@ Reissue = Callable[["CapturedTask", Mapping[str, object]], None]
 
 
 class CapturedTask:
-    """One task captured by :meth:`graphbuf.graph.Graph.task`.
+    """One task captured by :meth:`graphbuf.Graph.task`.
 
     ``kind``: its :class:`TaskKind`. ``handle``: the device's handle for the task (npu: a
     :class:`NpuTaskState` holding the task-group handle and its external event; cpu: the emulator's group

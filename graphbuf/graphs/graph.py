@@ -2,7 +2,7 @@
 
 ``Graph("cuda")`` wraps ``torch.cuda.CUDAGraph`` (captured through ``torch.cuda.graph``); ``Graph("npu")``
 wraps ``torch.npu.NPUGraph`` (torch_npu is imported lazily); ``Graph("cpu")`` is graphbuf's emulator
-(:mod:`graphbuf.emulator`). On every device the capture runs under guards that raise
+(:mod:`graphbuf.graphs.emulator`). On every device the capture runs under guards that raise
 :class:`~graphbuf.errors.CaptureError` for host read-back and data-dependent output shapes.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from graphbuf.emulator import Emulator
-from graphbuf.errors import CaptureError, DeviceUnavailableError
-from graphbuf.guards import capture_guards
-from graphbuf.tasks import (
+from graphbuf.errors import CaptureError, DeviceUnavailableError, UnknownDeviceError
+from graphbuf.graphs.emulator import Emulator
+from graphbuf.graphs.guards import capture_guards, poison
+from graphbuf.graphs.tasks import (
     CapturedTask,
     NpuTaskState,
     TaskKind,
@@ -28,6 +28,7 @@ from graphbuf.tasks import (
     npu_update_task,
     thaw_host_args,
 )
+from graphbuf.graphs.watch import Checked, Watch
 
 __all__ = ["DEVICE_TYPES", "Graph"]
 
@@ -42,13 +43,13 @@ def _parse_device(device: str | torch.device) -> tuple[str, int | None]:
         kind, sep, idx = device.strip().partition(":")
         index = int(idx) if sep and idx.isdigit() else None
         if sep and index is None:
-            raise ValueError(
+            raise UnknownDeviceError(
                 f"graph device {device!r}: the index after ':' is not an integer; allowed: {allowed}"
             )
     else:
         raise TypeError(f"graph device must be a str or torch.device, got {type(device).__name__}")
     if kind not in DEVICE_TYPES:
-        raise ValueError(f"unknown graph device {device!r}; allowed: {allowed}")
+        raise UnknownDeviceError(f"unknown graph device {device!r}; allowed: {allowed}")
     return kind, index
 
 
@@ -89,8 +90,15 @@ class _CpuBackend:
         with self.emulator.capture():
             yield
 
-    def replay(self, tasks: Sequence[CapturedTask]) -> None:
-        self.emulator.replay()
+    def replay(self, tasks: Sequence[CapturedTask], checked: Checked | None) -> None:
+        self.emulator.replay(checked)  # it passes the live inputs to its replay function
+
+    @property
+    def watch(self) -> Watch:
+        return self.emulator.watch
+
+    def name_inputs(self, names: Mapping[str, torch.Tensor]) -> None:
+        self.emulator.name_inputs(names)
 
     def pool(self) -> object:
         return self.pool_token
@@ -123,6 +131,7 @@ class _DeviceBackend:
         self.graph: Any = None
         self.pool_handle: object = None
         self.update_stream: Any = None
+        self.watch = Watch()
 
     @property
     def captured(self) -> bool:
@@ -137,10 +146,11 @@ class _DeviceBackend:
             pool = self.pool_handle
         graph = self._new_graph()
         with self.module.device(self.index) if self.index is not None else nullcontext():
+            current = self.module.current_stream()
             ctx = self.module.graph(graph, pool=pool, stream=stream)
             ctx.__enter__()
             try:
-                with capture_guards(strict_cpu=False):
+                with capture_guards(strict_cpu=False) as guard:
                     yield
             except BaseException as exc:
                 # Ending a broken capture may fail too; the user's error is the one to see.
@@ -148,11 +158,23 @@ class _DeviceBackend:
                     ctx.__exit__(type(exc), exc, exc.__traceback__)
                 with suppress(Exception):
                     graph.reset()
+                if self.module.current_stream() != current:  # the capture stream must not stay current
+                    self.module.set_stream(current)
                 raise
             ctx.__exit__(None, None, None)
+            poison(t for ref in guard.produced if (t := ref()) is not None)
         self.graph = graph
+        self.watch = Watch(
+            (f"capture input #{k} ({str(t.dtype).removeprefix('torch.')} {list(t.shape)})", t)
+            for k, t in enumerate(guard.inputs)
+        )
 
-    def replay(self, tasks: Sequence[CapturedTask]) -> None:
+    def name_inputs(self, names: Mapping[str, torch.Tensor]) -> None:
+        self.watch = self.watch.named(names)
+
+    def replay(self, tasks: Sequence[CapturedTask], checked: Checked | None) -> None:
+        if checked is None or checked.watch is not self.watch:
+            self.watch.check("replay")
         if self.kind == "npu":
             states = [t.handle for t in tasks if isinstance(t.handle, NpuTaskState)]
             if states:
@@ -170,6 +192,7 @@ class _DeviceBackend:
         if self.graph is not None:
             self.graph.reset()
             self.graph = None
+        self.watch = Watch()
 
     def _update_stream(self) -> Any:
         if self.update_stream is None:
@@ -181,7 +204,13 @@ class _DeviceBackend:
     ) -> object:
         if self.kind == "npu":
             return npu_capture_task(fn, tensor_args, thaw_host_args(host))
-        fn(*tensor_args, **thaw_host_args(host))
+        if host:
+            raise CaptureError(
+                f"task {kind.value!r}: host arguments {sorted(host)} cannot be captured on cuda: a CUDA "
+                "graph cannot re-issue one captured task, so they would stay baked in while run() passes "
+                "new ones. Pass per-replay values as device tensors among tensor_args (refreshed in place)."
+            )
+        fn(*tensor_args)
         return None
 
     def update_task(self, task: CapturedTask, host: Mapping[str, object]) -> None:
@@ -199,18 +228,31 @@ class Graph:
 
     Mirrors ``torch.cuda.CUDAGraph`` + ``torch.cuda.graph``. Invariants: ``captured`` is true only after a
     capture completed and until :meth:`reset`; a capture that raises leaves the graph un-captured and
-    re-capturable, with no guard mode left installed, and the exception propagates. During capture, host
-    read-back and data-dependent shapes raise :class:`CaptureError`.
+    re-capturable, with no guard mode left installed and the stream that was current before capture current
+    again, and the exception propagates. During capture, host read-back, host data and data-dependent shapes
+    raise :class:`CaptureError`. Every tensor from before capture that the captured work uses (and every task
+    tensor argument) is held weakly and checked before each replay: freed → :class:`LivenessError`,
+    rebound / resized / restrided → :class:`AddressChangedError`.
+
+    Raises :class:`UnknownDeviceError` for a device name other than cpu, cuda[:N], npu[:N] and
+    :class:`DeviceUnavailableError` for a device (or device index) this machine lacks.
     """
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
         kind, index = _parse_device(device)
         if kind == "cuda" and not torch.cuda.is_available():
             raise DeviceUnavailableError(
-                "Graph('cuda') needs a CUDA device; torch.cuda.is_available() is False"
+                f"Graph({str(device)!r}) needs a CUDA device; torch.cuda.is_available() is False"
             )
         if kind == "npu":
             _import_torch_npu()
+        if kind != "cpu" and index is not None:
+            count = getattr(torch, kind).device_count()
+            if index >= count:
+                raise DeviceUnavailableError(
+                    f"Graph({str(device)!r}): this machine has {count} {kind} device(s) "
+                    f"(indices 0..{count - 1})"
+                )
         self._kind = kind
         self._index = index
         self._backend: _CpuBackend | _DeviceBackend = (
@@ -263,14 +305,46 @@ class Graph:
             raise
         finally:
             self._capturing = False
+        names = {
+            f"task {task.kind.value!r} #{i} tensor_args[{j}]": t
+            for i, task in enumerate(self._tasks)
+            for j, t in enumerate(task.tensor_args)
+        }
+        if names:
+            self._backend.name_inputs(names)
 
-    def replay(self) -> None:
-        """Run the captured work once."""
+    @property
+    def watched(self) -> tuple[str, ...]:
+        """Labels of the tensors :meth:`check_inputs` and :meth:`replay` check, in check order."""
+        return self._backend.watch.labels
+
+    def name_inputs(self, names: Mapping[str, torch.Tensor]) -> None:
+        """After capture: call each tensor of ``names`` (``label -> tensor``) by its label in liveness and
+        address errors, and watch it before every replay even if the captured work does not use it."""
+        if not self.captured:
+            raise CaptureError("name_inputs() before a completed capture()")
+        self._backend.name_inputs(names)
+
+    def check_inputs(self) -> Checked:
+        """Check, in one pass, that every tensor the capture uses and does not own (and every tensor given
+        to :meth:`name_inputs`) is alive and has its captured address, shape and stride. Raises
+        :class:`~graphbuf.errors.LivenessError` or :class:`~graphbuf.errors.AddressChangedError` naming the
+        tensor; returns the checked tensors. :meth:`replay` runs the same check unless given this result."""
+        if not self.captured:
+            raise CaptureError("check_inputs() before a completed capture()")
+        return self._backend.watch.check("before replay")
+
+    def replay(self, *, checked: Checked | None = None) -> None:
+        """Run the captured work once, after checking every watched tensor (see :meth:`check_inputs`).
+
+        ``checked``: the result of a :meth:`check_inputs` call made just before, when nothing since could
+        have moved or freed a tensor (in-place writes cannot); the check is then not repeated. It is ignored
+        (the check runs) if a task update has rebuilt the recording since."""
         if self._capturing:
             raise CaptureError("replay() inside this graph's own capture()")
         if not self.captured:
             raise CaptureError("replay() before a completed capture()")
-        self._backend.replay(self._tasks)
+        self._backend.replay(self._tasks, checked)
 
     def pool(self) -> object:
         """A memory-pool handle to pass as ``capture(pool=...)`` of another graph.

@@ -1,0 +1,275 @@
+"""The recorder: a dispatch mode that runs each aten op under the capture guards, records it as a node over
+slots, and snapshots pre-existing memory it writes (restored when recording ends)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from graphbuf.errors import CaptureError
+from graphbuf.graphs.emulator.ops import (
+    OpInfo,
+    bind,
+    is_composite,
+    nbytes,
+    op_info,
+    tensor_geometry,
+    tensors_in,
+    uses_binding,
+)
+from graphbuf.graphs.emulator.shortcuts import CHECK_AT_RECORD_BYTES, RECIPES, find_recipe
+from graphbuf.graphs.emulator.slots import Group, Node, Seq, Slot
+from graphbuf.graphs.guards import check_dispatch
+
+if TYPE_CHECKING:
+    from graphbuf.graphs.emulator.replay import Emulator
+
+
+# --------------------------------------------------------------------------------------------------------
+# Recorder
+# --------------------------------------------------------------------------------------------------------
+
+
+class Segment:
+    """A run of recorded nodes: the main recording between tasks, or one task group."""
+
+    __slots__ = ("group", "groups", "kinds", "label", "nodes", "slots")
+
+    def __init__(self, group: int | None, label: str = "") -> None:
+        self.group = group  # index in Emulator._segments when this is a task group, else None
+        self.label = label
+        self.nodes: list[Node] = []
+        self.slots: list[Slot] = []  # slots first registered while this segment was recording
+        self.groups: list[Group] = []  # storages first seen while this segment was recording
+        self.kinds: Counter[str] = Counter()
+
+
+STATE = threading.local()
+
+
+def recording_active() -> bool:
+    return getattr(STATE, "recording", False)
+
+
+class Recorder(TorchDispatchMode):
+    """Runs each aten op, records it as a node over slots, and snapshots pre-existing memory it writes."""
+
+    def __init__(self, emulator: Emulator, segment: Segment, restore: bool) -> None:
+        super().__init__()
+        self.emulator = emulator
+        self.segment = segment
+        self._restore = restore
+        self.slots: list[Slot] = []  # every slot registered by this recording session
+        self.groups: list[Group] = []  # every storage group first seen by it
+        self._spans: dict[int, list[tuple[int, int]]] = {}
+        self._snapshots: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        check_dispatch(func, args, kwargs)
+        if is_composite(func):
+            # Under inference_mode composite ops (reshape, einsum, softmax, to, ...) reach this mode whole;
+            # record what they decompose into, as outside inference_mode, so every recorded op has exact
+            # aliasing and, mostly, an out= overload.
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        info = op_info(func)
+        bound = bind(info, args, kwargs)
+        slots = {id(t): self._input(t) for t in tensors_in(bound.values())}
+        self._check_task_outputs(func, slots.values())
+        written = tensors_in(bound.get(name) for name in info.writes) if info.writes else []
+        if self._restore:
+            for t in written:
+                if not slots[id(t)].group.created:
+                    self._snapshot(t)
+        watch = (
+            [(t, tensor_geometry(t)) for t in written if slots[id(t)].tensor is None]
+            if info.restrides
+            else []
+        )
+        result = func(*args, **kwargs)
+        # A created tensor whose metadata changes (t_, resize_, an out= resize) keeps its recorded geometry
+        # only as this object: hold it, so it stays static and replay uses the object itself.
+        for t, geometry in watch:
+            if tensor_geometry(t) != geometry:
+                self._pin(slots[id(t)], t)
+        if info.inplace_view:
+            for t in written:
+                self._pin(slots[id(t)], t)
+        self._record(func, info, args, kwargs, bound, slots, result)
+        return result
+
+    # ---- slots ----------------------------------------------------------------------------------------
+
+    def _known(self, t: torch.Tensor) -> Slot | None:
+        slot = self.emulator.by_id.get(id(t))
+        return slot if slot is not None and slot.held() is t else None
+
+    def _add(self, t: torch.Tensor, group: Group, strong: bool) -> Slot:
+        em = self.emulator
+        strong = strong or t.is_conj() or t.is_neg() or t.layout != torch.strided  # not rebuildable
+        slot = Slot(em.next_index, t, group, strong)
+        em.next_index += 1
+        em.by_id[slot.key] = slot
+        self.slots.append(slot)
+        self.segment.slots.append(slot)
+        return slot
+
+    def _new_group(self, created: bool, storage: torch.UntypedStorage) -> Group:
+        group = Group(created, storage, self.segment.group if created else None)
+        self.emulator.by_sid[group.sid] = group
+        self.groups.append(group)
+        self.segment.groups.append(group)
+        return group
+
+    def _storage_group(self, storage: torch.UntypedStorage) -> Group | None:
+        group = self.emulator.by_sid.get(storage._cdata)
+        return group if group is not None and group.storage() is storage else None
+
+    def _input(self, t: torch.Tensor) -> Slot:
+        slot = self._known(t)
+        if slot is None:
+            # Existed before capture (an input), or made outside the dispatcher (a wrapped scalar): held.
+            storage = t.untyped_storage()
+            group = self._storage_group(storage) or self._new_group(False, storage)
+            slot = self._add(t, group, strong=True)
+            slot.input = True  # until settle finds nothing outside the recording holds it
+        return slot
+
+    def _result(self, t: torch.Tensor, fresh: dict[int, Group]) -> tuple[Slot, bool]:
+        slot = self._known(t)
+        if slot is not None:
+            return slot, False
+        storage = t.untyped_storage()
+        group = self._storage_group(storage)
+        if group is not None:  # a view or alias: shares a storage the recording already knows
+            return self._add(t, group, strong=not group.created), False
+        group = fresh.get(storage._cdata)
+        if group is None:
+            group = fresh[storage._cdata] = self._new_group(True, storage)
+        return self._add(t, group, strong=False), True
+
+    def _pin(self, slot: Slot, t: torch.Tensor) -> None:
+        slot.tensor, slot.ref = t, None
+
+    def _template(self, value: Any, slots: Mapping[int, Slot]) -> Any:
+        if isinstance(value, torch.Tensor):
+            return slots[id(value)]
+        if isinstance(value, (list, tuple)):
+            if any(isinstance(v, torch.Tensor) for v in value):
+                return Seq([self._template(v, slots) for v in value], isinstance(value, tuple))
+            return list(value) if isinstance(value, list) else value  # a copy: host lists are baked
+        return value
+
+    # ---- checks and snapshots -------------------------------------------------------------------------
+
+    def _check_task_outputs(self, func: torch._ops.OpOverload, slots: Iterable[Slot]) -> None:
+        for slot in slots:
+            owner = slot.group.owner
+            if owner is not None and owner != self.segment.group:
+                label = self.emulator.task_label(owner)
+                raise CaptureError(
+                    f"{func} reads a tensor that task {label!r} created inside its task group; when the "
+                    "task is re-issued with new host arguments that tensor would go stale. Have the task "
+                    "write its results into a preallocated tensor passed among its tensor_args."
+                )
+
+    def _snapshot(self, t: torch.Tensor) -> None:
+        """Save the bytes of ``t``'s storage that ``t`` spans (once per range), for :meth:`restore`."""
+        if t.numel() == 0:
+            return
+        item = t.element_size()
+        lo = t.storage_offset() * item
+        hi = lo + (1 + sum((n - 1) * s for n, s in zip(t.size(), t.stride(), strict=True))) * item
+        storage = t.untyped_storage()
+        spans = self._spans.setdefault(storage._cdata, [])
+        if any(a <= lo and hi <= b for a, b in spans):
+            return
+        spans.append((lo, hi))
+        # Restoring in reverse order leaves every byte with the value of the earliest snapshot covering it,
+        # taken before any write to that byte.
+        view = torch.empty((0,), dtype=torch.uint8, device=t.device).set_(storage, lo, (hi - lo,), (1,))
+        self._snapshots.append((view, view.clone()))
+
+    def restore(self) -> None:
+        """Put back every pre-existing byte range written during this recording session."""
+        with torch.inference_mode():
+            for view, saved in reversed(self._snapshots):
+                view.copy_(saved)
+        self._snapshots.clear()
+        self._spans.clear()
+
+    def discard(self) -> None:
+        """Forget every slot and storage this (failed) session registered."""
+        self.emulator.forget(self.slots, self.groups)
+
+    # ---- recording ------------------------------------------------------------------------------------
+
+    def _record(
+        self,
+        func: torch._ops.OpOverload,
+        info: OpInfo,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        bound: Mapping[str, Any],
+        slots: Mapping[int, Slot],
+        result: Any,
+    ) -> None:
+        single = len(info.returns_alias) == 1
+        values: tuple[Any, ...] = (result,) if single else tuple(result or ())
+        fresh: dict[int, Group] = {}
+        new: set[int] = set()
+        all_new = bool(values)
+        pattern: list[Any] = []
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                slot, is_new = self._result(value, fresh)
+                pattern.append(slot)
+                if is_new:
+                    new.add(slot.index)
+                all_new = all_new and is_new
+            elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+                items: list[Slot | None] = []
+                for v in value:
+                    if isinstance(v, torch.Tensor):
+                        slot, is_new = self._result(v, fresh)
+                        items.append(slot)
+                        if is_new:
+                            new.add(slot.index)
+                        all_new = all_new and is_new
+                    else:
+                        items.append(None)
+                        all_new = False
+                pattern.append(items)
+            else:
+                pattern.append(None)
+                all_new = False
+        node = Node(
+            func,
+            info,
+            tuple(self._template(a, slots) for a in args),
+            {k: self._template(v, slots) for k, v in kwargs.items()},
+            tuple(pattern),
+            frozenset(new),
+            all_new,
+        )
+        node.binding = uses_binding(func, info, args, kwargs, bound)
+        if all_new and not info.writes and nbytes(values) <= CHECK_AT_RECORD_BYTES:
+            # Cheap now, on the exact inputs; needed only if the results turn out static.
+            key = node.recipe_key()
+            if key not in RECIPES:
+                RECIPES[key] = find_recipe(func, info, bound, values, None if info.seeded else values)
+        self.segment.nodes.append(node)
