@@ -157,7 +157,9 @@ CASES: list[Bad] = [
     # ---------------------------------------------------------------------------------- spec: oversized plans
     S("plan-above-spec-limit", "limits.max_bytes: the plan needs 3072 bytes", {"limits.max_bytes": 1024}, PlanTooLargeError),
     S("plan-above-default-limit", "largest buffer: block_table.a", {"constants.max_model_len": 10**9}, PlanTooLargeError),
-    S("plan-astronomical", "limits.max_bytes", {"constants.max_model_len": 10**30}, PlanTooLargeError),
+    S("plan-astronomical", "limits.max_bytes", {"constants.max_model_len": 10**15}, PlanTooLargeError),
+    S("constant-beyond-int64", "constants.max_model_len: Input should be less than or equal to 9223372036854775807",
+      {"constants.max_model_len": 10**30}),
     # ---------------------------------------------------------------------------------- CLI arguments
     C("cli-missing-file", SpecError, "absent.yaml: no such spec file", 2, "check {dir}/absent.yaml"),
     C("cli-unknown-spec-name", SpecError, "no-such-spec: no such spec file and no shipped spec", 2, "plan no-such-spec"),

@@ -284,9 +284,14 @@ BAD_SPECS: list[tuple[str, Mutation, list[str]]] = [
         ["capture.tokens_per_request: 'mtp' in '1 + mtp' has no value"],
     ),
     (
-        "constant-forward-reference",
-        lambda d: _set_constants_first(d, early="num_blocks + 1"),
-        ["constants.early: unknown name(s) num_blocks; a constant may use only the constants declared above"],
+        "constant-cycle",
+        lambda d: d["constants"].update(a="b + 1", b="c * 2", c="a"),
+        ["constants.a: dependency cycle: a -> b -> c -> a"],
+    ),
+    (
+        "constant-unknown-name",
+        lambda d: _set_constants_first(d, early="nope + 1"),
+        ["constants.early: unknown name(s) nope"],
     ),
     (
         "constant-bad-expr",
