@@ -37,7 +37,7 @@ def _overrides(pairs: Sequence[str]) -> dict[str, int]:
             raise SpecError(f"--set {pair!r}: expected NAME=VALUE with an integer VALUE")
         text = value.strip()
         if not re.fullmatch(r"-?[0-9]{1,19}", text):
-            raise SpecError(f"--set {pair[:80]!r}: {value[:40]!r} is not a 64-bit integer")
+            raise SpecError(f"--set {pair[:80]!r}: {value[:40]!r} is not an integer (at most 19 digits)")
         out[name.strip()] = int(text)
     return out
 
