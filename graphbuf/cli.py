@@ -11,6 +11,7 @@ import json
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from graphbuf.coverage import Coverage, spec_coverage
@@ -198,6 +199,8 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 def _cmd_sizes(args: argparse.Namespace) -> int:
     from graphbuf.sizes import propose_sizes, render_proposal, write_sizes
 
+    if args.write and not Path(args.spec).is_file():
+        raise SpecError(f"{args.spec}: --write edits a spec file; give its path (copy a shipped spec first)")
     spec = load_spec(args.spec, allow_factories=args.allow_factory)
     constants = spec.constants_with(None, args.spec)
     cov = spec_coverage(spec, constants)

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 from graphbuf.coverage import Coverage, coverage
 from graphbuf.errors import SpecError
@@ -118,7 +119,7 @@ def write_sizes(path: Path, sizes: tuple[int, ...], source: str | None = None) -
     byte stays. Returns the new text."""
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
-    from ruamel.yaml.nodes import MappingNode
+    from ruamel.yaml.nodes import CollectionNode, MappingNode
 
     where = source or str(path)
     text = path.read_text(encoding="utf-8")
@@ -127,16 +128,25 @@ def write_sizes(path: Path, sizes: tuple[int, ...], source: str | None = None) -
     except YAMLError as exc:
         raise SpecError(f"{where}: invalid YAML: {exc}") from None
 
-    def child(node: object, key: str, path_: str) -> object:
+    def child(node: object, key: str, path_: str) -> tuple[Any, Any]:
         if not isinstance(node, MappingNode):
             raise SpecError(f"{where}: {path_}: expected a mapping to edit")
         for k, v in node.value:
             if getattr(k, "value", None) == key:
-                return v
+                return k, v
         raise SpecError(f"{where}: {path_}.{key}: not found")
 
-    node = child(child(root, "capture", "(top level)"), "sizes", "capture")
-    start, end = node.start_mark.index, _end(node)  # type: ignore[attr-defined]
-    new = text[:start] + f"[{', '.join(map(str, sizes))}]" + text[end:]
+    key, node = child(child(root, "capture", "(top level)")[1], "sizes", "capture")
+    flow = f"[{', '.join(map(str, sizes))}]"
+    start, end = node.start_mark.index, _end(node)
+    if isinstance(node, CollectionNode) and not node.flow_style:
+        # A block value starts on a later line; the flow list goes after the key's colon instead, and the
+        # comments between the two stay (a block item's indentation would not hold a flow list).
+        colon = text.index(":", key.end_mark.index)
+        between = text[colon + 1 : start].split("\n")
+        kept = between[0] + "".join("\n" + line for line in between[1:-1])
+        new = text[: colon + 1] + " " + flow + kept + text[end:]
+    else:
+        new = text[:start] + flow + text[end:]
     path.write_text(new, encoding="utf-8")
     return new
