@@ -102,7 +102,7 @@ def test_strict_without_an_envelope_fails_and_says_why(
     code, out, err = _run(capsys, "check", str(write_yaml(d)), "--strict")
     assert code == 0, err
     d["capture"]["max_requests"] = "max_num_seqs * 0"
-    code, out, err = _run(capsys, "check", str(write_yaml(d)))
+    code, _out, err = _run(capsys, "check", str(write_yaml(d)))
     assert code == 2 and "capture.max_requests: must be in 1..65536, got 0" in err
 
 
@@ -118,7 +118,7 @@ def test_plan_reports_memory_per_capture_size_and_totals(capsys: pytest.CaptureF
     assert totals["workspace_sum_bytes"] == sum(p.memory_at(s).workspace_bytes for s in p.capture_sizes)
     code, out, _ = _run(capsys, "plan", GEMMA)
     assert "memory per capture size" in out and "totals: device slab 8.0 KiB" in out
-    code, out, _ = _run(capsys, "plan", GEMMA, "--json")
+    _code, out, _ = _run(capsys, "plan", GEMMA, "--json")
     data = json.loads(out)
     assert data["sizes"]["64"]["memory"]["workspaces"] == m.workspace_bytes
     assert data["memory_totals"] == totals
@@ -200,5 +200,5 @@ def test_sizes_needs_an_envelope(
 ) -> None:
     code, out, err = _run(capsys, "sizes", str(write_yaml(spec_mapping())))
     assert code == 2 and "capture.max_requests: not declared" in err
-    code, out, err = _run(capsys, "sizes", GEMMA, "--write")  # never edits the installed shipped spec
+    code, _out, err = _run(capsys, "sizes", GEMMA, "--write")  # never edits the installed shipped spec
     assert code == 2 and "--write edits a spec file; give its path" in err
