@@ -11,6 +11,8 @@ Benchmarks, in order, each in this process (JSON file in ``--out``):
 * ``emulator`` (``emulator.json``): CPU emulator replay vs eager (``bench/bench_emulator.py``).
 * ``cuda`` (``cuda.json``): copies per refresh, refresh µs, graph replay vs eager; skipped without CUDA.
 * ``verify`` (``verify.json``): dense vs blockwise verify attention: workspace, time, agreement.
+* ``cli`` (``cli.json``): ``graphbuf check`` wall time on the shipped spec in fresh interpreters (target
+  ≤ 0.3 s; ``bench/bench_cli.py``).
 
 ``--threads`` sets torch's intra-op threads for all of them (default 1: figures that do not depend on the
 machine's core count or on its neighbours; 0 keeps torch's default). A benchmark that fails is reported
@@ -31,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_address_check
+import bench_cli
 import bench_cuda
 import bench_emulator
 import bench_refresh
@@ -77,12 +80,19 @@ def _verify(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
     return [write_json(out / "verify.json", "verify", res)]
 
 
+def _cli(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
+    res = bench_cli.run(runs=3 if quick else 11)
+    print(bench_cli.render(res))
+    return [write_json(out / "cli.json", "cli", res)]
+
+
 BENCHMARKS: dict[str, Callable[[bool, Path, Path, int], list[Path]]] = {
     "refresh": _refresh,
     "address_check": _address_check,
     "emulator": _emulator,
     "cuda": _cuda,
     "verify": _verify,
+    "cli": _cli,
 }
 
 

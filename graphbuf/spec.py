@@ -11,7 +11,6 @@ Use :func:`load_spec` or :meth:`GraphSpec.model_validate`; both run the semantic
 
 from __future__ import annotations
 
-import importlib.resources
 import math
 import operator
 import re
@@ -618,8 +617,8 @@ def _check_growth(
 # YAML loading
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last one)."""
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """SafeLoader (libyaml's when built) that rejects duplicate mapping keys (PyYAML keeps the last one)."""
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -642,7 +641,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
             )
         seen.add(key)
     loader.flatten_mapping(node)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
@@ -650,6 +649,8 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 def shipped_specs() -> dict[str, Path]:
     """Shipped spec names → their files."""
+    import importlib.resources  # ~20 ms: only when a spec is named rather than given as a path
+
     root = importlib.resources.files("graphbuf.specs")
     return {Path(str(f)).stem: Path(str(f)) for f in root.iterdir() if str(f).endswith(".yaml")}
 

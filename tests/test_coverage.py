@@ -95,11 +95,11 @@ def test_strict_without_an_envelope_fails_and_says_why(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = write_yaml(spec_mapping())
-    code, out, err = _run(capsys, "check", str(path), "--strict")
+    code, _, err = _run(capsys, "check", str(path), "--strict")
     assert code == 1 and "no serving envelope declared (capture.max_requests)" in err
     d = spec_mapping()
     d["capture"]["max_requests"] = "max_num_seqs"
-    code, out, err = _run(capsys, "check", str(write_yaml(d)), "--strict")
+    code, _, err = _run(capsys, "check", str(write_yaml(d)), "--strict")
     assert code == 0, err
     d["capture"]["max_requests"] = "max_num_seqs * 0"
     code, _out, err = _run(capsys, "check", str(write_yaml(d)))
@@ -117,7 +117,7 @@ def test_plan_reports_memory_per_capture_size_and_totals(capsys: pytest.CaptureF
     assert totals["workspace_peak_bytes"] == m.workspace_bytes
     assert totals["workspace_sum_bytes"] == sum(p.memory_at(s).workspace_bytes for s in p.capture_sizes)
     code, out, _ = _run(capsys, "plan", GEMMA)
-    assert "memory per capture size" in out and "totals: device slab 8.0 KiB" in out
+    assert code == 0 and "memory per capture size" in out and "totals: device slab 8.0 KiB" in out
     _code, out, _ = _run(capsys, "plan", GEMMA, "--json")
     data = json.loads(out)
     assert data["sizes"]["64"]["memory"]["workspaces"] == m.workspace_bytes
@@ -198,7 +198,7 @@ def test_sizes_needs_an_envelope(
     write_yaml: Callable[..., Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, err = _run(capsys, "sizes", str(write_yaml(spec_mapping())))
+    code, _, err = _run(capsys, "sizes", str(write_yaml(spec_mapping())))
     assert code == 2 and "capture.max_requests: not declared" in err
     code, _out, err = _run(capsys, "sizes", GEMMA, "--write")  # never edits the installed shipped spec
     assert code == 2 and "--write edits a spec file; give its path" in err
