@@ -154,6 +154,17 @@ CASES: list[Bad] = [
     S("duplicate-group", "groups[1]: duplicate group 'a'", {"groups": ["a", "a"]}),
     S("dotted-buffer-name", "buffer names must be identifiers", _rename_seq_lens),
     S("task-factory-without-colon", "tasks[0].factory: expected", {"tasks": [{"name": "t", "factory": "pkg.fn"}]}),
+    # ---------------------------------------------------------------------------------- spec: hostile (issue 12)
+    S("constant-cycle", "constants.a: dependency cycle: a -> b -> a", {"constants.a": "b", "constants.b": "a"}),
+    S("expr-too-deep", "nested deeper than 64 levels", {"constants.deep": "+".join(["1"] * 100)}),
+    S("expr-overflow", "overflows: a value exceeds", {"constants.huge": "max_model_len * 4611686018427387904"}),
+    S("pad-a-bool", "buffers.seq_lens.pad: ", {"buffers.seq_lens.pad": True}),
+    S("rows-shrinking", "must not decrease as requests grow", {"buffers.seq_lens.rows": "max(1, 8 - tokens)"}),
+    S("complex-key", "complex keys are not allowed", "version: 1\n? [a, b]\n: 1\n"),
+    S("task-unregistered", "tasks[0].factory: 'os:system' is neither registered",
+      {"tasks": [{"name": "t", "factory": "os:system"}]}),
+    S("task-option-typo", "tasks[0].options.num_headz: unknown option; allowed: num_heads",
+      {"tasks": [{"name": "t", "factory": "graphbuf.drill:PagedDecodeAttention", "options": {"num_headz": 2}}]}),
     # ---------------------------------------------------------------------------------- spec: oversized plans
     S("plan-above-spec-limit", "limits.max_bytes: the plan needs 3072 bytes", {"limits.max_bytes": 1024}, PlanTooLargeError),
     S("plan-above-default-limit", "largest buffer: block_table.a", {"constants.max_model_len": 10**9}, PlanTooLargeError),
@@ -162,6 +173,10 @@ CASES: list[Bad] = [
       {"constants.max_model_len": 10**30}),
     # ---------------------------------------------------------------------------------- CLI arguments
     C("cli-missing-file", SpecError, "absent.yaml: no such spec file", 2, "check {dir}/absent.yaml"),
+    C("cli-spec-a-directory", SpecError, "is a directory; a spec is a YAML file", 2, "check {dir}"),
+    C("cli-set-huge", SpecError, "is not an integer (at most 19 digits)", 2, "check {spec} --set num_blocks=" + "9" * 30),
+    C("cli-sizes-no-envelope", SpecError, "capture.max_requests: not declared", 2, "sizes {spec}"),
+    C("cli-sizes-bad-waste", SpecError, "--max-waste 150.0: must be in [0, 100)", 2, "sizes gemma4-31b-it-mtp --max-waste 150"),
     C("cli-unknown-spec-name", SpecError, "no-such-spec: no such spec file and no shipped spec", 2, "plan no-such-spec"),
     C("cli-set-without-equals", SpecError, "--set 'num_blocks': expected NAME=VALUE", 2, "check {spec} --set num_blocks"),
     C("cli-set-empty-name", SpecError, "--set '=3': expected NAME=VALUE", 2, "plan {spec} --set =3"),
