@@ -303,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except GraphbufError as exc:
         print(f"graphbuf: error: {exc}", file=sys.stderr)
+        if getattr(args, "json", False) and args.command != "drill":
+            print(_dumps({"ok": False, "exit": EXIT_FAIL, "errors": str(exc).splitlines()}))
         return EXIT_FAIL
     except BrokenPipeError:  # pragma: no cover - e.g. `graphbuf plan ... | head`
         return EXIT_OK

@@ -368,3 +368,16 @@ def test_generated_yaml_texts_raise_nothing_but_spec_error(
         pass
     except GraphbufError as exc:
         assert type(exc).__name__ == "PlanTooLargeError"
+
+
+def test_a_plan_error_under_json_is_json_too(
+    spec_mapping: Callable[[], dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = spec_mapping()
+    d["limits"] = {"max_bytes": 1024}
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(d), encoding="utf-8")
+    for command in ("check", "plan"):
+        assert main([command, str(path), "--json"]) == 2  # PlanTooLargeError is a SpecError
+        data = json.loads(capsys.readouterr().out)
+        assert data["ok"] is False and data["exit"] == 2 and "limits.max_bytes" in data["errors"][0]
