@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from graphbuf.errors import SpecError
 from graphbuf.expr import MAX_VALUE, Expr, ExprError, parse_expr
@@ -101,8 +101,10 @@ class BufferSpec(_Strict):
     rows: IntExpr = Field(description="Rows captured at a size; may use 'tokens' and 'requests'.")
     cols: IntExpr | None = Field(None, description="Columns (omit for a 1-D buffer).")
     per_group: bool = Field(False, description="One buffer per KV group, named '<name>.<group>'.")
-    pad: StrictInt | StrictFloat | Literal["repeat_last"] = Field(
-        0, description="Value of padded rows and stale columns, or 'repeat_last' (repeat the last live row)."
+    pad: StrictBool | StrictInt | StrictFloat | Literal["repeat_last"] = Field(
+        0,
+        description="Value of padded rows and stale columns, or 'repeat_last' (repeat the last live row). "
+        "true/false only for a bool buffer.",
     )
     overflow: Literal["reject", "truncate"] = Field(
         "reject", description="A source wider than the allocation: reject (WidthError) or drop extra columns."
@@ -312,6 +314,7 @@ _UNION_TAGS = frozenset(
         "list[int]",
         "list[constrained-int]",
         "constrained-int",
+        "bool",
         "int",
         "str",
         "float",
@@ -474,7 +477,9 @@ def check_spec(
             if expr is not None and tpr is not None:
                 _check_positive(p, f"{base}.{field}", expr, constants, sizes, tpr)
                 _check_growth(p, f"{base}.{field}", expr, constants, sizes, tpr)
-        if not pad_fits(buf.dtype, buf.pad):
+        if isinstance(buf.pad, bool) and buf.dtype != "bool":
+            p.add(f"{base}.pad", f"{buf.pad!r} is a bool; a {buf.dtype} buffer needs a number")
+        elif not pad_fits(buf.dtype, buf.pad):
             p.add(f"{base}.pad", f"{_short(buf.pad)} is not representable in {buf.dtype}")
         bounds = {}
         for field in ("min", "max"):

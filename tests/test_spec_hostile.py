@@ -160,7 +160,17 @@ def test_a_bool_is_never_a_number(
     with pytest.raises(SpecError) as info:
         GraphSpec.model_validate(d, source="b.yaml")
     assert f"b.yaml: {fragment}" in str(info.value)
-    assert "got True" in str(info.value) or "got False" in str(info.value) or "got [" in str(info.value)
+    msg = str(info.value)
+    assert any(f in msg for f in ("got True", "got False", "got [", "True is a bool")), msg
+
+
+def test_a_bool_pad_is_allowed_for_a_bool_buffer_only(spec_mapping: Callable[[], dict[str, Any]]) -> None:
+    d = spec_mapping()
+    d["buffers"]["flag"] = {"dtype": "bool", "rows": "requests", "pad": False}
+    assert graphbuf.plan(GraphSpec.model_validate(d))["flag"].pad is False
+    d["buffers"]["flag"]["dtype"] = "int8"
+    with pytest.raises(SpecError, match=r"buffers\.flag\.pad: False is a bool; a int8 buffer needs a number"):
+        GraphSpec.model_validate(d)
 
 
 def test_list_sizes_are_capped_like_the_range(spec_mapping: Callable[[], dict[str, Any]]) -> None:
