@@ -111,6 +111,8 @@ def _entry_points() -> list[str]:
 
 
 def _allowed(module: str, allow: Iterable[str]) -> bool:
+    if isinstance(allow, str):  # one module given as a plain string
+        allow = (allow,)
     return any(module == m or module.startswith(m + ".") for m in allow)
 
 
