@@ -14,6 +14,8 @@ Benchmarks, in order, each in this process (JSON file in ``--out``):
 * ``emulator`` (``emulator.json``): CPU emulator replay vs eager (``bench/bench_emulator.py``).
 * ``cuda`` (``cuda.json``): copies per refresh, refresh µs, graph replay vs eager; skipped without CUDA.
 * ``verify`` (``verify.json``): dense vs blockwise verify attention: workspace, time, agreement.
+* ``cli`` (``cli.json``): ``graphbuf check`` wall time on the shipped spec in fresh interpreters (target
+  ≤ 0.3 s; ``bench/bench_cli.py``).
 
 ``--threads`` sets torch's intra-op threads for all of them (default 1: figures that do not depend on the
 machine's core count or on its neighbours; 0 keeps torch's default). A benchmark that fails is reported
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_address_check
 import bench_capacity
+import bench_cli
 import bench_cuda
 import bench_emulator
 import bench_refresh
@@ -88,6 +91,12 @@ def _verify(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
     return [write_json(out / "verify.json", "verify", res)]
 
 
+def _cli(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
+    res = bench_cli.run(runs=3 if quick else 11)
+    print(bench_cli.render(res))
+    return [write_json(out / "cli.json", "cli", res)]
+
+
 BENCHMARKS: dict[str, Callable[[bool, Path, Path, int], list[Path]]] = {
     "refresh": _refresh,
     "capacity": _capacity,
@@ -95,6 +104,7 @@ BENCHMARKS: dict[str, Callable[[bool, Path, Path, int], list[Path]]] = {
     "emulator": _emulator,
     "cuda": _cuda,
     "verify": _verify,
+    "cli": _cli,
 }
 
 

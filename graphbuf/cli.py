@@ -1,18 +1,23 @@
-"""The ``graphbuf`` command: ``plan``, ``check``, ``schema`` and ``drill``.
+"""The ``graphbuf`` command: ``plan``, ``check``, ``schema``, ``sizes`` and ``drill``.
 
-Exit codes for every command: 0 ok, 1 failure, 2 usage or spec error.
+Exit codes for every command: 0 ok, 1 failure (``check --strict``: a reachable batch runs eagerly), 2 usage or
+spec error. ``check``, ``plan``, ``schema`` and ``sizes`` never import torch; ``--json`` prints strict JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
+from graphbuf.coverage import Coverage, spec_coverage
 from graphbuf.errors import GraphbufError, SpecError
 from graphbuf.planner import Plan, plan
-from graphbuf.spec import GraphSpec, load_spec
+from graphbuf.spec import GraphSpec, load_spec, resolve_spec_path
 
 __all__ = ["main"]
 
@@ -31,11 +36,16 @@ def _overrides(pairs: Sequence[str]) -> dict[str, int]:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise SpecError(f"--set {pair!r}: expected NAME=VALUE with an integer VALUE")
-        try:
-            out[name.strip()] = int(value)
-        except ValueError:
-            raise SpecError(f"--set {pair!r}: {value!r} is not an integer") from None
+        text = value.strip()
+        if not re.fullmatch(r"-?[0-9]{1,19}", text):
+            raise SpecError(f"--set {pair[:80]!r}: {value[:40]!r} is not an integer (at most 19 digits)")
+        out[name.strip()] = int(text)
     return out
+
+
+def _dumps(data: Any) -> str:
+    """Strict JSON (no NaN or Infinity tokens)."""
+    return json.dumps(data, indent=2, allow_nan=False)
 
 
 def _human(n: int) -> str:
@@ -77,7 +87,7 @@ def render_plan(p: Plan) -> str:
             [
                 (
                     b.name,
-                    str(b.dtype).removeprefix("torch."),
+                    b.dtype_name,
                     list(b.shape),
                     b.nbytes,
                     b.offset,
@@ -106,28 +116,117 @@ def render_plan(p: Plan) -> str:
                 [(s, *(_human(p.workspace_bytes(w, s)) for w in p.workspaces)) for s in p.capture_sizes],
             ),
         ]
+    totals = p.memory_totals()
+    lines += [
+        "",
+        "memory per capture size (buffer rows the graph reads; host staging copies of the slab a refresh "
+        "uploads from; task workspaces):",
+        _table(
+            ("size", "requests", "buffers", "staging", "workspaces"),
+            [
+                (
+                    m.tokens,
+                    m.requests,
+                    _human(m.buffer_bytes),
+                    _human(m.staging_bytes),
+                    _human(m.workspace_bytes),
+                )
+                for m in map(p.memory_at, p.capture_sizes)
+            ],
+        ),
+        f"totals: device slab {_human(totals['slab_bytes'])} (one, shared by every size); host staging "
+        f"{_human(totals['staging_bytes'])}; task workspaces {_human(totals['workspace_peak_bytes'])} peak "
+        f"(graphs sharing one memory pool), {_human(totals['workspace_sum_bytes'])} summed over sizes",
+    ]
     return "\n".join(lines)
 
 
+def render_coverage(cov: Coverage) -> str:
+    """The coverage table: each reachable batch, the capture size it replays at and its padding waste."""
+    return "\n".join([cov.summary(), _table(("requests", "tokens", "capture size", "waste"), cov.table())])
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
-    p = plan(args.spec, overrides=_overrides(args.set))
-    print(json.dumps(p.to_dict(), indent=2) if args.json else render_plan(p))
+    p = plan(args.spec, overrides=_overrides(args.set), allow_factories=args.allow_factory)
+    print(_dumps(p.to_dict()) if args.json else render_plan(p))
     return EXIT_OK
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
-    spec = load_spec(args.spec, overrides=overrides)
-    p = plan(args.spec, overrides=overrides)  # from the path, so a too-large plan names the file
-    print(
-        f"{args.spec}: ok: {spec.name}, {len(p.buffers)} buffers, {p.total_bytes} bytes, capture sizes "
-        f"{p.capture_sizes[0]}..{p.capture_sizes[-1]} ({len(p.capture_sizes)})"
-    )
+    # from the path, so a too-large plan names the file
+    p = plan(args.spec, overrides=overrides, allow_factories=args.allow_factory)
+    cov = spec_coverage(p.spec, p.constants)
+    strict_fail = args.strict and not cov.ok
+    if args.json:
+        print(
+            _dumps(
+                {
+                    "spec": args.spec,
+                    "name": p.spec.name,
+                    "ok": not strict_fail,
+                    "buffers": len(p.buffers),
+                    "total_bytes": p.total_bytes,
+                    "capture_sizes": list(p.capture_sizes),
+                    "coverage": cov.to_dict(),
+                }
+            )
+        )
+    else:
+        print(
+            f"{args.spec}: ok: {p.spec.name}, {len(p.buffers)} buffers, {p.total_bytes} bytes, capture sizes "
+            f"{p.capture_sizes[0]}..{p.capture_sizes[-1]} ({len(p.capture_sizes)})"
+        )
+        print(render_coverage(cov) if args.coverage else cov.summary())
+    if strict_fail:
+        why = (
+            "no serving envelope declared (capture.max_requests)"
+            if cov.max_requests is None
+            else (f"requests {', '.join(str(b.requests) for b in cov.uncovered)} run eagerly")
+        )
+        print(
+            f"graphbuf: check --strict: {args.spec}: {why}; see `graphbuf sizes {args.spec}`", file=sys.stderr
+        )
+        return EXIT_FAIL
     return EXIT_OK
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    print(json.dumps(GraphSpec.model_json_schema(), indent=2))
+    print(_dumps(GraphSpec.model_json_schema()))
+    return EXIT_OK
+
+
+def _cmd_sizes(args: argparse.Namespace) -> int:
+    from graphbuf.sizes import propose_sizes, render_proposal, write_sizes
+
+    if args.write and not Path(args.spec).is_file():
+        raise SpecError(f"{args.spec}: --write edits a spec file; give its path (copy a shipped spec first)")
+    spec = load_spec(args.spec, allow_factories=args.allow_factory)
+    constants = spec.constants_with(None, args.spec)
+    cov = spec_coverage(spec, constants)
+    if cov.max_requests is None:
+        raise SpecError(
+            f"{args.spec}: capture.max_requests: not declared; `sizes` covers the serving envelope it names "
+            "(e.g. max_requests: max_num_seqs)"
+        )
+    proposal = propose_sizes(
+        cov.tokens_per_request,
+        cov.max_requests,
+        max_waste_pct=args.max_waste,
+        max_graphs=args.max_graphs,
+        max_tokens=constants.get("max_num_batched_tokens"),
+    )
+    print(render_proposal(proposal))
+    if args.write:
+        path = resolve_spec_path(args.spec)
+        old = path.read_text(encoding="utf-8")
+        write_sizes(path, proposal.sizes, args.spec)
+        try:
+            load_spec(path, allow_factories=args.allow_factory)
+        except SpecError:
+            path.write_text(old, encoding="utf-8")  # never leave a spec that does not load
+            raise
+        print(f"wrote {path}")
     return EXIT_OK
 
 
@@ -141,21 +240,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="graphbuf", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def spec_args(p: argparse.ArgumentParser) -> None:
+    def spec_args(p: argparse.ArgumentParser, overrides: bool = True) -> None:
         p.add_argument("spec", help="spec file or shipped spec name (e.g. gemma4-31b-it-mtp)")
-        p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a constant")
+        if overrides:
+            p.add_argument(
+                "--set", action="append", default=[], metavar="NAME=VALUE", help="override a constant"
+            )
+        p.add_argument(
+            "--allow-factory",
+            action="append",
+            default=[],
+            metavar="MODULE",
+            help="allow the spec's task factories from MODULE (and its submodules) though no graphbuf.tasks "
+            "entry point registers them; MODULE is imported",
+        )
 
     p = sub.add_parser("plan", help="print the memory plan of a spec")
     spec_args(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_plan)
 
-    p = sub.add_parser("check", help="validate a spec; print a one-line summary or the errors")
+    p = sub.add_parser("check", help="validate a spec; print a summary and its coverage, or the errors")
     spec_args(p)
+    p.add_argument("--coverage", action="store_true", help="print every reachable batch and where it runs")
+    p.add_argument(
+        "--strict", action="store_true", help="exit 1 when a batch of the serving envelope runs eagerly"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_check)
 
     p = sub.add_parser("schema", help="print the spec's JSON Schema")
     p.set_defaults(func=_cmd_schema)
+
+    p = sub.add_parser("sizes", help="propose the fewest capture sizes covering the serving envelope")
+    spec_args(p, overrides=False)
+    p.add_argument(
+        "--max-waste", type=float, default=None, metavar="PCT", help="largest padding waste, percent (10)"
+    )
+    p.add_argument("--max-graphs", type=int, default=None, metavar="N", help="at most N capture sizes")
+    p.add_argument("--write", action="store_true", help="edit the spec's capture.sizes in place")
+    p.set_defaults(func=_cmd_sizes)
 
     p = sub.add_parser("drill", help="capture every size, replay randomized batches, compare with eager")
     spec_args(p)
@@ -174,9 +298,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except SpecError as exc:
         print(f"graphbuf: spec error:\n{exc}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(_dumps({"ok": False, "exit": EXIT_USAGE, "errors": str(exc).splitlines()}))
         return EXIT_USAGE
     except GraphbufError as exc:
         print(f"graphbuf: error: {exc}", file=sys.stderr)
+        if getattr(args, "json", False) and args.command != "drill":
+            print(_dumps({"ok": False, "exit": EXIT_FAIL, "errors": str(exc).splitlines()}))
         return EXIT_FAIL
     except BrokenPipeError:  # pragma: no cover - e.g. `graphbuf plan ... | head`
         return EXIT_OK

@@ -15,7 +15,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -279,20 +279,26 @@ def run_drill(
     overrides: Mapping[str, int] | None = None,
     tolerance: float = 1e-4,
     progress: Callable[[int, int], None] | None = None,
+    allow_factories: Iterable[str] = (),
 ) -> DrillReport:
-    """Run the drill and return its report (see the module docstring)."""
+    """Run the drill and return its report (see the module docstring). ``allow_factories``: modules whose
+    unregistered task factories may be imported (see :mod:`graphbuf.factories`)."""
     started = time.perf_counter()
     Graph(device)  # DeviceUnavailableError, before any work, if the device or its runtime is missing
-    spec_obj = spec if isinstance(spec, GraphSpec) else load_spec(spec, overrides=overrides)
+    spec_obj = (
+        spec
+        if isinstance(spec, GraphSpec)
+        else load_spec(spec, overrides=overrides, allow_factories=allow_factories)
+    )
     overrides = dict(overrides or {})
     if "num_blocks" not in spec_obj.constants:
         spec_obj = spec_obj.model_copy(update={"constants": {**spec_obj.constants, "num_blocks": None}})
-    base = plan(spec_obj, overrides=overrides)
+    base = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
     if base.constants["num_blocks"] is None:
         # Enough distinct blocks for a full-width row; requests may share blocks, which changes no numerics.
         widths = [b.shape[1] for b in base.buffers if b.cols is not None]
         overrides["num_blocks"] = max(64, min(256, max(widths, default=16)))
-    p = plan(spec_obj, overrides=overrides)
+    p = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
     num_blocks = int(p.constants["num_blocks"])  # type: ignore[arg-type]
     buffers = StaticBuffers(p, device)
     gen = torch.Generator().manual_seed(seed)
@@ -390,6 +396,7 @@ def run_drill_cli(args: argparse.Namespace) -> int:
         seed=args.seed,
         overrides=_overrides(args.set),
         progress=progress,
+        allow_factories=args.allow_factory,
     )
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.render())
     return 0 if report.ok else 1

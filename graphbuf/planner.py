@@ -1,30 +1,48 @@
 """The memory plan: every buffer resolved to dtype, shape at the largest capture size, bytes and offset.
 
-A plan is pure host-side arithmetic; nothing is allocated. :class:`graphbuf.StaticBuffers` allocates one slab
-of :attr:`Plan.total_bytes` and carves every buffer out of it at :attr:`BufferPlan.offset`.
+A plan is pure host-side arithmetic; nothing is allocated, and torch is not imported (dtype names and sizes
+come from the spec layer; :attr:`BufferPlan.dtype` imports torch on first use).
+:class:`graphbuf.StaticBuffers`
+allocates one slab of :attr:`Plan.total_bytes` and carves every buffer out of it at :attr:`BufferPlan.offset`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from graphbuf.errors import PlanTooLargeError
 from graphbuf.expr import Expr, parse_expr
-from graphbuf.spec import GraphSpec, capture_sizes_of, check_spec, load_spec
+from graphbuf.spec import ITEMSIZE, GraphSpec, capture_sizes_of, check_spec, load_spec
 
-__all__ = ["ALIGNMENT", "BufferPlan", "Plan", "WorkspacePlan", "plan", "torch_dtype"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "ALIGNMENT",
+    "STAGING_COPIES",
+    "BufferPlan",
+    "Plan",
+    "SizeMemory",
+    "WorkspacePlan",
+    "plan",
+    "torch_dtype",
+]
 
 #: Byte alignment of every buffer inside the slab (covers CUDA's 256 B and Ascend's 512 B).
 ALIGNMENT = 512
 
 
+#: Host staging copies of the slab a refresh on an accelerator assembles and uploads from (double-buffered).
+STAGING_COPIES = 2
+
+
 def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a spec dtype name."""
+    """The torch dtype of a spec dtype name (imports torch)."""
+    import torch
+
     return getattr(torch, name)
 
 
@@ -35,7 +53,8 @@ class BufferPlan:
     name: str
     spec_name: str
     group: str | None
-    dtype: torch.dtype
+    dtype_name: str
+    itemsize: int
     shape: tuple[int, ...]
     offset: int
     nbytes: int
@@ -52,15 +71,38 @@ class BufferPlan:
     def ndim(self) -> int:
         return len(self.shape)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The torch dtype (imports torch on first use; the plan itself never does)."""
+        return torch_dtype(self.dtype_name)
+
 
 @dataclass(frozen=True)
 class WorkspacePlan:
     """Memory a task materializes per capture size (reported, not allocated by graphbuf)."""
 
     name: str
-    dtype: torch.dtype
+    dtype_name: str
+    itemsize: int
     shape: tuple[Expr, ...]
     description: str = ""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The torch dtype (imports torch)."""
+        return torch_dtype(self.dtype_name)
+
+
+@dataclass(frozen=True)
+class SizeMemory:
+    """Memory at one capture size: the buffer rows the graph reads (views into the slab), the host staging
+    copies a refresh fills (the slab's size, shared by every capture size) and the task workspaces."""
+
+    tokens: int
+    requests: int
+    buffer_bytes: int
+    staging_bytes: int
+    workspace_bytes: int
 
 
 @dataclass(frozen=True)
@@ -121,7 +163,35 @@ class Plan:
         n = 1
         for dim in ws.shape:
             n *= dim.eval(env)
-        return n * _itemsize(ws.dtype)
+        return n * ws.itemsize
+
+    def memory_at(self, tokens: int) -> SizeMemory:
+        """The memory a graph captured at ``tokens`` uses (see :class:`SizeMemory`)."""
+        buffer_bytes = 0
+        for b in self.buffers:
+            n = b.itemsize
+            for d in self.shape_at(b, tokens):
+                n *= d
+            buffer_bytes += n
+        return SizeMemory(
+            tokens=tokens,
+            requests=tokens // self.tokens_per_request,
+            buffer_bytes=buffer_bytes,
+            staging_bytes=STAGING_COPIES * self.total_bytes,
+            workspace_bytes=sum(self.workspace_bytes(w, tokens) for w in self.workspaces),
+        )
+
+    def memory_totals(self) -> dict[str, int]:
+        """Whole-plan memory: the device slab (one, shared by every size), the host staging copies, and the
+        task workspaces: the peak over sizes (graphs share one memory pool, as vLLM captures them) and the
+        sum (a pool per graph)."""
+        per = [self.memory_at(s) for s in self.capture_sizes]
+        return {
+            "slab_bytes": self.total_bytes,
+            "staging_bytes": STAGING_COPIES * self.total_bytes,
+            "workspace_peak_bytes": max((m.workspace_bytes for m in per), default=0),
+            "workspace_sum_bytes": sum(m.workspace_bytes for m in per),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary: buffers, totals and, per capture size, captured rows and workspaces."""
@@ -135,11 +205,11 @@ class Plan:
             "buffers": [
                 {
                     "name": b.name,
-                    "dtype": str(b.dtype).removeprefix("torch."),
+                    "dtype": b.dtype_name,
                     "shape": list(b.shape),
                     "bytes": b.nbytes,
                     "offset": b.offset,
-                    "pad": b.pad,
+                    "pad": json_number(b.pad),
                     "min": b.min,
                     "max": b.max,
                 }
@@ -150,14 +220,23 @@ class Plan:
                     "requests": s // self.tokens_per_request,
                     "rows": {b.name: self.shape_at(b, s)[0] for b in self.buffers},
                     "workspace_bytes": {w.name: self.workspace_bytes(w, s) for w in self.workspaces},
+                    "memory": _memory_dict(self.memory_at(s)),
                 }
                 for s in self.capture_sizes
             },
+            "memory_totals": self.memory_totals(),
         }
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+def _memory_dict(m: SizeMemory) -> dict[str, int]:
+    return {"buffers": m.buffer_bytes, "staging": m.staging_bytes, "workspaces": m.workspace_bytes}
+
+
+def json_number(value: int | float | str) -> int | float | str:
+    """``value`` for strict JSON: NaN and ±inf become the strings ``"nan"``, ``"inf"``, ``"-inf"``."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    return value
 
 
 def _align(n: int) -> int:
@@ -169,19 +248,21 @@ def plan(
     *,
     overrides: Mapping[str, int] | None = None,
     max_bytes: int | None = None,
+    allow_factories: Iterable[str] = (),
 ) -> Plan:
     """Resolve ``spec`` (a GraphSpec, a path or a shipped name) into a :class:`Plan`.
 
     ``overrides`` replaces constants (values known only at run time or per rank); the spec is re-checked with
     them. Raises :class:`PlanTooLargeError` when the slab would exceed ``max_bytes`` (default: the spec's
-    ``limits.max_bytes``, 1 GiB unless set) — before anything is allocated.
+    ``limits.max_bytes``, 1 GiB unless set) — before anything is allocated. ``allow_factories``: see
+    :func:`graphbuf.spec.load_spec`.
     """
     source = None
     if not isinstance(spec, GraphSpec):
         source = str(spec)
-        spec = load_spec(spec, overrides=overrides)
+        spec = load_spec(spec, overrides=overrides, allow_factories=allow_factories)
     elif overrides:
-        check_spec(spec, overrides=overrides)
+        check_spec(spec, overrides=overrides, allow_factories=allow_factories)
     where = source or spec.name
     constants = spec.constants_with(overrides, where)
     tpr = parse_expr(spec.capture.tokens_per_request).eval(constants)
@@ -214,8 +295,7 @@ def plan(
         shape: tuple[int, ...] = (max(rows.eval(e) for e in env_at),)
         if cols is not None:
             shape += (max(cols.eval(e) for e in env_at),)
-        dtype = torch_dtype(b.dtype)
-        nbytes = _itemsize(dtype)
+        nbytes = ITEMSIZE[b.dtype]
         for d in shape:
             nbytes *= d
         offset = _align(offset)
@@ -224,7 +304,8 @@ def plan(
                 name=name,
                 spec_name=spec_name,
                 group=group,
-                dtype=dtype,
+                dtype_name=b.dtype,
+                itemsize=ITEMSIZE[b.dtype],
                 shape=shape,
                 offset=offset,
                 nbytes=nbytes,
@@ -251,7 +332,7 @@ def plan(
     workspaces = []
     for name, w in spec.workspaces.items():
         shape_exprs = tuple(parse_expr(d) for d in w.shape)
-        workspaces.append(WorkspacePlan(name, torch_dtype(w.dtype), shape_exprs, w.description))
+        workspaces.append(WorkspacePlan(name, w.dtype, ITEMSIZE[w.dtype], shape_exprs, w.description))
     return Plan(
         spec=spec,
         constants=MappingProxyType(constants),

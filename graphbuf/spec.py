@@ -11,21 +11,23 @@ Use :func:`load_spec` or :meth:`GraphSpec.model_validate`; both run the semantic
 
 from __future__ import annotations
 
-import importlib.resources
 import math
+import operator
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from graphbuf.errors import SpecError
-from graphbuf.expr import Expr, ExprError, parse_expr
+from graphbuf.expr import MAX_VALUE, Expr, ExprError, parse_expr
+from graphbuf.factories import resolve_options
 
 __all__ = [
     "DTYPES",
+    "ITEMSIZE",
     "BufferSpec",
     "CaptureSpec",
     "GraphSpec",
@@ -50,6 +52,8 @@ DTYPES: dict[str, tuple[str, int]] = {
     "float32": ("f", 32),
     "float64": ("f", 64),
 }
+#: dtype name → bytes per element.
+ITEMSIZE: dict[str, int] = {name: bits // 8 for name, (_, bits) in DTYPES.items()}
 _FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
 DTypeName = Literal[
     "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"
@@ -59,7 +63,9 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
 _RESERVED = frozenset((*CAPTURE_VARS, "min", "max", "cdiv"))
 DEFAULT_MAX_BYTES = 1 << 30
 
-IntExpr = StrictInt | str
+#: An integer within ±(2**63 - 1); a bool is refused.
+BoundedInt = Annotated[StrictInt, Field(ge=-MAX_VALUE, le=MAX_VALUE)]
+IntExpr = BoundedInt | str
 
 
 class _Strict(BaseModel):
@@ -69,9 +75,9 @@ class _Strict(BaseModel):
 class SizeRange(_Strict):
     """Capture sizes ``start, start+step, ..., stop`` (stop inclusive)."""
 
-    start: StrictInt = Field(description="First capture size (tokens).")
-    stop: StrictInt = Field(description="Last capture size (tokens), inclusive.")
-    step: StrictInt = Field(1, description="Distance between sizes.")
+    start: BoundedInt = Field(description="First capture size (tokens).")
+    stop: BoundedInt = Field(description="Last capture size (tokens), inclusive.")
+    step: BoundedInt = Field(1, description="Distance between sizes.")
 
 
 class CaptureSpec(_Strict):
@@ -80,7 +86,12 @@ class CaptureSpec(_Strict):
     tokens_per_request: IntExpr = Field(
         1, description="Uniform decode query length, e.g. '1 + num_speculative_tokens'. Constants only."
     )
-    sizes: SizeRange | list[StrictInt] = Field(description="Token counts to capture: a range or a list.")
+    sizes: SizeRange | list[BoundedInt] = Field(description="Token counts to capture: a range or a list.")
+    max_requests: IntExpr | None = Field(
+        None,
+        description="The serving envelope: most concurrent requests (e.g. 'max_num_seqs'). Constants only. "
+        "`graphbuf check` reports which uniform decode batches of 1..max_requests requests replay a graph.",
+    )
 
 
 class BufferSpec(_Strict):
@@ -90,8 +101,10 @@ class BufferSpec(_Strict):
     rows: IntExpr = Field(description="Rows captured at a size; may use 'tokens' and 'requests'.")
     cols: IntExpr | None = Field(None, description="Columns (omit for a 1-D buffer).")
     per_group: bool = Field(False, description="One buffer per KV group, named '<name>.<group>'.")
-    pad: int | float | Literal["repeat_last"] = Field(
-        0, description="Value of padded rows and stale columns, or 'repeat_last' (repeat the last live row)."
+    pad: StrictBool | StrictInt | StrictFloat | Literal["repeat_last"] = Field(
+        0,
+        description="Value of padded rows and stale columns, or 'repeat_last' (repeat the last live row). "
+        "true/false only for a bool buffer.",
     )
     overflow: Literal["reject", "truncate"] = Field(
         "reject", description="A source wider than the allocation: reject (WidthError) or drop extra columns."
@@ -121,7 +134,7 @@ class TaskSpec(_Strict):
 
 
 class LimitsSpec(_Strict):
-    max_bytes: int = Field(DEFAULT_MAX_BYTES, description="Largest slab a plan may allocate (bytes).")
+    max_bytes: BoundedInt = Field(DEFAULT_MAX_BYTES, description="Largest slab a plan may allocate (bytes).")
 
 
 class GraphSpec(_Strict):
@@ -132,7 +145,7 @@ class GraphSpec(_Strict):
     description: str = ""
     constants: dict[str, IntExpr | None] = Field(
         default_factory=dict,
-        description="Named integers, or expressions over constants declared above them; "
+        description="Named integers, or expressions over other constants (any order; no cycles); "
         "null = set at run time (--set / overrides).",
     )
     capture: CaptureSpec
@@ -150,14 +163,27 @@ class GraphSpec(_Strict):
         *,
         source: str | None = None,
         overrides: Mapping[str, int] | None = None,
+        allow_factories: Iterable[str] = (),
         **kwargs: Any,
     ) -> GraphSpec:
-        """Validate ``obj`` (a mapping) into a spec; raise SpecError naming ``source`` and field paths."""
+        """Validate ``obj`` (a mapping) into a spec; raise SpecError naming ``source`` and field paths.
+
+        ``allow_factories``: modules whose task factories may be imported though no ``graphbuf.tasks`` entry
+        point registers them (see :mod:`graphbuf.factories`)."""
+        if not isinstance(obj, Mapping):
+            raise SpecError(
+                f"{source or '<spec>'}: (top level): expected a mapping of spec fields, "
+                f"got {type(obj).__name__}"
+            )
         try:
             spec = super().model_validate(obj, **kwargs)
         except ValidationError as exc:
             raise SpecError(_format_pydantic(exc, source)) from None
-        check_spec(spec, source=source, overrides=overrides)
+        except (RecursionError, TypeError, ValueError) as exc:  # e.g. a self-referencing mapping
+            raise SpecError(
+                f"{source or '<spec>'}: (top level): cannot validate: {type(exc).__name__}"
+            ) from None
+        check_spec(spec, source=source, overrides=overrides, allow_factories=allow_factories)
         return spec
 
     def constants_with(
@@ -165,37 +191,94 @@ class GraphSpec(_Strict):
     ) -> dict[str, int | None]:
         """Resolved constants, in declaration order, with ``overrides`` applied.
 
-        An expression constant sees the constants above it; one that needs an unset (null) constant is unset
-        too. An override replaces a constant's value (derived ones included). Unknown names are SpecErrors.
+        An expression constant may use any other constant, declared above or below it (resolved by
+        dependency; a cycle is a SpecError naming it); one that needs an unset (null) constant is unset too.
+        An override (any integer, numpy's included) replaces a constant's value, derived ones included.
+        Unknown names are SpecErrors.
         """
         where = source or "<spec>"
-        overrides = dict(overrides or {})
-        for key, value in overrides.items():
+        checked: dict[str, int] = {}
+        for key, value in dict(overrides or {}).items():
             if key not in self.constants:
                 known = ", ".join(self.constants) or "(none)"
                 raise SpecError(f"{where}: overrides.{key}: unknown constant; declared: {known}")
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise SpecError(f"{where}: overrides.{key}: expected an integer, got {value!r}")
-        values: dict[str, int | None] = {}
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                number = operator.index(value)
+            except TypeError:
+                raise SpecError(
+                    f"{where}: overrides.{key}: expected an integer, got {_short(value)}"
+                ) from None
+            if not -MAX_VALUE <= number <= MAX_VALUE:
+                raise SpecError(f"{where}: overrides.{key}: {_short(number)} is beyond ±(2**63 - 1)")
+            checked[key] = number
+        exprs: dict[str, Expr] = {}
         for key, raw in self.constants.items():
-            if key in overrides:
-                values[key] = overrides[key]
-            elif raw is None or isinstance(raw, int):
-                values[key] = raw
-            else:
-                try:
-                    expr = parse_expr(raw)
-                    unknown = expr.names - set(values)
-                    if unknown:
-                        raise ExprError(
-                            f"unknown name(s) {', '.join(sorted(unknown))}; a constant may use only the "
-                            f"constants declared above it: {', '.join(values) or '(none)'}"
-                        )
-                    unset = any(values[n] is None for n in expr.names)
-                    values[key] = None if unset else expr.eval(values)
-                except ExprError as exc:
-                    raise SpecError(f"{where}: constants.{key}: {exc}") from None
-        return values
+            if key in checked or raw is None:
+                continue
+            try:
+                exprs[key] = parse_expr(raw)
+            except ExprError as exc:
+                raise SpecError(f"{where}: constants.{key}: {exc}") from None
+            unknown = exprs[key].names - set(self.constants)
+            if unknown:
+                raise SpecError(
+                    f"{where}: constants.{key}: unknown name(s) {', '.join(sorted(unknown))} in "
+                    f"{_short(raw)}; constants: {', '.join(self.constants)}"
+                )
+        values: dict[str, int | None] = {}
+        try:
+            for key in self.constants:
+                _resolve(key, self.constants, exprs, checked, values, [], where)
+        except RecursionError:
+            raise SpecError(f"{where}: constants: dependency chain too deep to resolve") from None
+        return {key: values[key] for key in self.constants}
+
+
+def _resolve(
+    key: str,
+    raw: Mapping[str, Any],
+    exprs: Mapping[str, Expr],
+    overrides: Mapping[str, int],
+    values: dict[str, int | None],
+    stack: list[str],
+    where: str,
+) -> int | None:
+    """Resolve constant ``key`` depth-first (iteratively bounded by the constant count)."""
+    if key in values:
+        return values[key]
+    if key in overrides:
+        values[key] = overrides[key]
+        return values[key]
+    if key not in exprs:
+        values[key] = raw[key]
+        return values[key]
+    if key in stack:
+        cycle = [*stack[stack.index(key) :], key]
+        raise SpecError(f"{where}: constants.{key}: dependency cycle: {' -> '.join(cycle)}")
+    stack.append(key)
+    env = {n: _resolve(n, raw, exprs, overrides, values, stack, where) for n in sorted(exprs[key].names)}
+    stack.pop()
+    if any(v is None for v in env.values()):
+        values[key] = None
+    else:
+        try:
+            values[key] = exprs[key].eval(env)
+        except ExprError as exc:
+            raise SpecError(f"{where}: constants.{key}: {exc}") from None
+    return values[key]
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, clipped; never raises (huge ints included)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"<integer of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:  # a hostile __repr__ or a repr limit
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -219,8 +302,8 @@ def _format_pydantic(exc: ValidationError, source: str | None) -> str:
             parent = _MODEL_FOR.get(_parent_kind(loc))
             if parent is not None:
                 msg += f"; allowed: {', '.join(parent.model_fields)}"
-        elif err["type"] == "literal_error":
-            msg = f"{msg}, got {err.get('input')!r}"
+        elif err["type"] != "missing":
+            msg = f"{msg}, got {_short(err.get('input'))}"
         lines.append(f"{source or '<spec>'}: {_fmt_path(loc)}: {msg}")
     return "\n".join(dict.fromkeys(lines))
 
@@ -230,6 +313,8 @@ _UNION_TAGS = frozenset(
         "SizeRange",
         "list[int]",
         "list[constrained-int]",
+        "constrained-int",
+        "bool",
         "int",
         "str",
         "float",
@@ -293,6 +378,9 @@ def _parse(problems: _Problems, path: str, text: IntExpr, allowed: frozenset[str
     return expr
 
 
+#: Largest serving envelope (``capture.max_requests``) a coverage certificate enumerates.
+MAX_REQUESTS = 1 << 16
+
 #: Most capture sizes a spec may declare (each one is a captured graph).
 MAX_CAPTURE_SIZES = 4096
 
@@ -305,7 +393,7 @@ def capture_sizes_of(spec: GraphSpec) -> list[int]:
         if sizes.step <= 0 or (sizes.stop - sizes.start) // sizes.step >= MAX_CAPTURE_SIZES:
             return []
         return list(range(sizes.start, sizes.stop + 1, sizes.step))
-    return list(sizes)
+    return list(sizes) if len(sizes) <= MAX_CAPTURE_SIZES else []
 
 
 def pad_fits(dtype: str, pad: int | float | str) -> bool:
@@ -326,9 +414,16 @@ def pad_fits(dtype: str, pad: int | float | str) -> bool:
 
 
 def check_spec(
-    spec: GraphSpec, *, source: str | None = None, overrides: Mapping[str, int] | None = None
+    spec: GraphSpec,
+    *,
+    source: str | None = None,
+    overrides: Mapping[str, int] | None = None,
+    allow_factories: Iterable[str] = (),
 ) -> None:
-    """Run the semantic checks (with ``overrides`` applied); raise one SpecError listing every problem."""
+    """Run the semantic checks (with ``overrides`` applied); raise one SpecError listing every problem.
+
+    Task factories are checked against :mod:`graphbuf.factories` (registered, or a module in
+    ``allow_factories``) before anything is imported, and their options against the factory's schema."""
     p = _Problems(source)
     constants = spec.constants_with(overrides, source)
     for name in constants:
@@ -349,6 +444,15 @@ def check_spec(
             p.add("capture.tokens_per_request", str(exc))
 
     sizes = _check_sizes(p, spec, constants, tpr)
+    if spec.capture.max_requests is not None:
+        expr = _parse(p, "capture.max_requests", spec.capture.max_requests, names)
+        if expr is not None and all(constants.get(n) is not None for n in expr.names):
+            try:
+                value = expr.eval(constants)
+                if not 1 <= value <= MAX_REQUESTS:
+                    p.add("capture.max_requests", f"must be in 1..{MAX_REQUESTS}, got {value}")
+            except ExprError as exc:
+                p.add("capture.max_requests", str(exc))
 
     if not spec.groups:
         p.add("groups", "at least one group is required")
@@ -372,8 +476,11 @@ def check_spec(
             expr = _parse(p, f"{base}.{field}", text, shape_names)
             if expr is not None and tpr is not None:
                 _check_positive(p, f"{base}.{field}", expr, constants, sizes, tpr)
-        if not pad_fits(buf.dtype, buf.pad):
-            p.add(f"{base}.pad", f"{buf.pad!r} is not representable in {buf.dtype}")
+                _check_growth(p, f"{base}.{field}", expr, constants, sizes, tpr)
+        if isinstance(buf.pad, bool) and buf.dtype != "bool":
+            p.add(f"{base}.pad", f"{buf.pad!r} is a bool; a {buf.dtype} buffer needs a number")
+        elif not pad_fits(buf.dtype, buf.pad):
+            p.add(f"{base}.pad", f"{_short(buf.pad)} is not representable in {buf.dtype}")
         bounds = {}
         for field in ("min", "max"):
             text = getattr(buf, field)
@@ -399,7 +506,10 @@ def check_spec(
                 _check_positive(p, f"workspaces.{name}.shape[{i}]", expr, constants, sizes, tpr)
     for i, task in enumerate(spec.tasks):
         if ":" not in task.factory:
-            p.add(f"tasks[{i}].factory", f"expected 'package.module:function', got {task.factory!r}")
+            p.add(f"tasks[{i}].factory", f"expected 'package.module:function', got {_short(task.factory)}")
+        else:
+            for field, msg in resolve_options(task.factory, task.options, constants, allow_factories)[1]:
+                p.add(f"tasks[{i}].{field}", msg)
         if task.group is not None and task.group not in spec.groups:
             p.add(f"tasks[{i}].group", f"unknown group {task.group!r}; groups: {', '.join(spec.groups)}")
     if spec.limits.max_bytes <= 0:
@@ -425,7 +535,12 @@ def _check_sizes(
             )
         where = ["capture.sizes"] * len(capture_sizes_of(spec))
     else:
-        where = [f"capture.sizes[{i}]" for i in range(len(raw))]
+        if len(raw) > MAX_CAPTURE_SIZES:
+            p.add(
+                "capture.sizes",
+                f"{len(raw)} sizes; at most {MAX_CAPTURE_SIZES} (each size is a captured graph)",
+            )
+        where = [f"capture.sizes[{i}]" for i in range(len(capture_sizes_of(spec)))]
     sizes = capture_sizes_of(spec)
     if not sizes:
         p.add("capture.sizes", "no capture sizes")
@@ -462,26 +577,76 @@ def _check_positive(
             p.add(path, str(exc))
             return
         if value <= 0:
-            p.add(path, f"{expr.text!r} evaluates to {value} at capture size {s}; must be ≥ 1")
+            p.add(path, f"{_short(expr.text)} evaluates to {value} at capture size {s}; must be ≥ 1")
             return
+
+
+#: Most request counts a rows/cols rule is evaluated at (beyond it, sampled).
+_GROWTH_POINTS = 4096
+
+
+def _check_growth(
+    p: _Problems, path: str, expr: Expr, constants: Mapping[str, int | None], sizes: list[int], tpr: int
+) -> None:
+    """A rule must be ≥ 0 and non-decreasing from 0 requests up to the largest capture size: the allocation is
+    its value at the largest size, and a live batch maps to the smallest capture size that holds it."""
+    if not sizes or not (expr.names & set(CAPTURE_VARS)):
+        return
+    top = max(sizes) // tpr
+    points = (
+        range(top + 1)
+        if top <= _GROWTH_POINTS
+        else sorted({*range(0, top + 1, max(1, top // _GROWTH_POINTS)), top, *(s // tpr for s in sizes)})
+    )
+    prev = None
+    for r in points:
+        try:
+            value = expr.eval({**constants, "tokens": r * tpr, "requests": r})
+        except ExprError as exc:
+            p.add(path, f"{exc} at {r} requests")
+            return
+        if value < 0:
+            p.add(path, f"{_short(expr.text)} is {value} at {r} requests ({r * tpr} tokens); must be ≥ 0")
+            return
+        if prev is not None and value < prev[1]:
+            p.add(
+                path,
+                f"{_short(expr.text)} shrinks from {prev[1]} at {prev[0]} requests to {value} at {r}; a rows "
+                "or cols rule must not decrease as requests grow",
+            )
+            return
+        prev = (r, value)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # YAML loading
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys (PyYAML silently keeps the last one)."""
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """SafeLoader (libyaml's when built) that rejects duplicate mapping keys (PyYAML keeps the last one)."""
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:  # `<<: *base`: merged keys may be overridden by the mapping's own
+            continue
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain scalar (complex keys are not allowed)",
+                key_node.start_mark,
+            )  # fmt: skip
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {_short(key)}", key_node.start_mark
+            )
         seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    loader.flatten_mapping(node)
+    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
@@ -489,6 +654,8 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 def shipped_specs() -> dict[str, Path]:
     """Shipped spec names → their files."""
+    import importlib.resources  # ~20 ms: only when a spec is named rather than given as a path
+
     root = importlib.resources.files("graphbuf.specs")
     return {Path(str(f)).stem: Path(str(f)) for f in root.iterdir() if str(f).endswith(".yaml")}
 
@@ -498,6 +665,8 @@ def resolve_spec_path(path_or_name: str | Path) -> Path:
     path = Path(path_or_name)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise SpecError(f"{path_or_name}: is a directory; a spec is a YAML file (e.g. {path}/spec.yaml)")
     shipped = shipped_specs()
     key = path.name[:-5] if path.name.endswith(".yaml") else path.name
     if key in shipped and (path.parent == Path(".") or not path.exists()):
@@ -508,8 +677,17 @@ def resolve_spec_path(path_or_name: str | Path) -> Path:
     )
 
 
-def load_spec(path_or_name: str | Path, *, overrides: Mapping[str, int] | None = None) -> GraphSpec:
-    """Load and validate a YAML spec from a path or a shipped spec name; raise SpecError if invalid."""
+def load_spec(
+    path_or_name: str | Path,
+    *,
+    overrides: Mapping[str, int] | None = None,
+    allow_factories: Iterable[str] = (),
+) -> GraphSpec:
+    """Load and validate a YAML spec from a path or a shipped spec name; raise SpecError if invalid.
+
+    ``allow_factories``: modules whose task factories may be imported unregistered
+    (:mod:`graphbuf.factories`).
+    """
     path = resolve_spec_path(path_or_name)
     source = str(path_or_name)
     try:
@@ -518,8 +696,14 @@ def load_spec(path_or_name: str | Path, *, overrides: Mapping[str, int] | None =
         raise SpecError(f"{source}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise SpecError(f"{source}: not UTF-8 text (byte {exc.start}): a spec is a UTF-8 YAML file") from None
+    data = parse_yaml(text, source)
+    return GraphSpec.model_validate(data, source=source, overrides=overrides, allow_factories=allow_factories)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text → Python data (safe tags only, merge keys allowed, duplicate and complex keys refused)."""
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except RecursionError:
         raise SpecError(f"{source}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
@@ -527,8 +711,5 @@ def load_spec(path_or_name: str | Path, *, overrides: Mapping[str, int] | None =
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"{source}: {where}invalid YAML: {problem}") from None
-    if not isinstance(data, dict):
-        raise SpecError(
-            f"{source}: (top level): expected a mapping of spec fields, got {type(data).__name__}"
-        )
-    return GraphSpec.model_validate(data, source=source, overrides=overrides)
+    except (ValueError, OverflowError, TypeError) as exc:  # e.g. an integer beyond Python's digit limit
+        raise SpecError(f"{source}: invalid YAML value: {_short(str(exc))}") from None

@@ -45,7 +45,7 @@ def test_run_py_succeeds_and_writes_every_json_and_the_plot(
 ) -> None:
     proc, out, plot = quick_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    for name in ("refresh", "capacity", "address_check", "emulator", "cuda", "verify"):
+    for name in ("refresh", "capacity", "address_check", "emulator", "cuda", "verify", "cli"):
         assert f"=== {name} ===" in proc.stdout
         _results(out, name)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -72,7 +72,7 @@ def test_refresh_results_hold_every_source_form_at_every_size(
     res = _results(out, "refresh")["results"]
     for fill in ("full", "half"):
         rows = res["sizes"][fill]
-        assert [r["size"] for r in rows] == list(range(4, 49, 4))
+        assert [r["size"] for r in rows] == list(range(4, 65, 4))
         for r in rows:
             for key in ("graphbuf_us", "graphbuf_np_us", "graphbuf_bound_us", "floor_us", "baseline_us"):
                 assert r[key] > 0, (fill, r["size"], key)

@@ -149,7 +149,7 @@ def test_too_wide_block_table_is_rejected_and_buffers_unchanged() -> None:
 
 def test_drill_runs_decode_and_verify_on_the_gemma_spec() -> None:
     report = run_drill(
-        "gemma4-31b-it-mtp", replays=12, seed=1, overrides={"max_model_len": 256, "drill_layers": 1}
+        "gemma4-31b-it-mtp", replays=16, seed=1, overrides={"max_model_len": 256, "drill_layers": 1}
     )
     assert report.tasks == ["decode", "verify"]
     assert report.ok, report.render()
@@ -159,11 +159,11 @@ def test_drill_runs_decode_and_verify_on_the_gemma_spec() -> None:
 
 
 def test_drill_json_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["drill", "gemma4-31b-it-mtp", "--replays", "12", "--json", "--set", "max_model_len=256",
+    code = main(["drill", "gemma4-31b-it-mtp", "--replays", "16", "--json", "--set", "max_model_len=256",
                  "--set", "drill_layers=1"])  # fmt: skip
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["ok"] is True
-    assert [s["size"] for s in out["sizes"]] == list(range(4, 49, 4))
+    assert [s["size"] for s in out["sizes"]] == list(range(4, 65, 4))
 
 
 def test_spec_chooses_blockwise_verify() -> None:
@@ -208,9 +208,9 @@ def test_widening_the_envelope_is_an_edit_of_capture_sizes(
     tmp_path: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     shipped = graphbuf.spec.resolve_spec_path("gemma4-31b-it-mtp").read_text()
-    assert "sizes: {start: 4, stop: 48, step: 4}" in shipped
+    assert "sizes: {start: 4, stop: 64, step: 4}" in shipped  # 1..max_num_seqs (16) requests
     wide = tmp_path / "wide.yaml"
-    wide.write_text(shipped.replace("stop: 48", "stop: 64"))
+    wide.write_text(shipped)
     assert main(["check", str(wide)]) == 0
     p = graphbuf.plan(str(wide))
     assert p.capture_sizes == tuple(range(4, 65, 4))
@@ -218,7 +218,7 @@ def test_widening_the_envelope_is_an_edit_of_capture_sizes(
     assert p.to_dict()["sizes"]["64"]["workspace_bytes"]["verify_kv_dense"] == 2 * 16 * 2 * 43 * 128 * 512 * 2
     capsys.readouterr()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(shipped.replace("stop: 48", "stop: 68"))
+    bad.write_text(shipped.replace("stop: 64", "stop: 68"))
     assert main(["check", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: capture.sizes: size 68 implies 17 requests, above max_num_seqs (16)" in err

@@ -137,7 +137,7 @@ def test_constructor_accepts_plan_name_overrides_and_limit(small_spec: GraphSpec
     assert StaticBuffers(small_spec, overrides={"max_blocks": 6}).full["block_table.b"].shape == (4, 6)
     gemma = StaticBuffers("gemma4-31b-it-mtp", "cpu", overrides={"num_blocks": 64})
     assert gemma.plan["block_table.full"].max == 63
-    assert repr(gemma) == "StaticBuffers('gemma4-31b-it-mtp', device='cpu', buffers=6, bytes=7168)"
+    assert repr(gemma) == "StaticBuffers('gemma4-31b-it-mtp', device='cpu', buffers=6, bytes=8192)"
     with pytest.raises(PlanTooLargeError):
         StaticBuffers(small_spec, max_bytes=1024)
 

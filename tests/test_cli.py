@@ -38,7 +38,7 @@ def test_plan_text_mentions_every_buffer(capsys: pytest.CaptureFixture[str]) -> 
     code, out, err = _run(capsys, "plan", GEMMA)
     assert (code, err) == (0, "")
     assert out.startswith(
-        f"{GEMMA}: 6 buffers, 7168 bytes (7.0 KiB) in one slab (limit 1.0 GiB); 12 capture sizes"
+        f"{GEMMA}: 6 buffers, 8192 bytes (8.0 KiB) in one slab (limit 1.0 GiB); 16 capture sizes"
     )
     for name in graphbuf.plan(GEMMA).names:
         assert name in out
@@ -50,11 +50,11 @@ def test_plan_json_has_totals_and_rows_per_size(capsys: pytest.CaptureFixture[st
     code, out, _ = _run(capsys, "plan", GEMMA, "--json")
     assert code == 0
     data = json.loads(out)
-    assert data["total_bytes"] == 7168 and data["max_bytes"] == 1 << 30
-    assert data["capture_sizes"] == list(range(4, 49, 4))
+    assert data["total_bytes"] == 8192 and data["max_bytes"] == 1 << 30
+    assert data["capture_sizes"] == list(range(4, 65, 4))
     assert len(data["buffers"]) == 6
-    assert data["sizes"]["48"]["requests"] == 12
-    assert data["sizes"]["48"]["rows"]["query_start_loc"] == 13
+    assert data["sizes"]["64"]["requests"] == 16
+    assert data["sizes"]["64"]["rows"]["query_start_loc"] == 17
     assert data["sizes"]["8"]["rows"]["slot_mapping.full"] == 8
     assert data["constants"]["num_blocks"] is None
     assert data == json.loads(json.dumps(graphbuf.plan(GEMMA).to_dict()))
@@ -69,7 +69,7 @@ def test_set_overrides_flow_through(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["constants"]["num_blocks"] == 100
     assert data["constants"]["max_blocks_per_seq"] == 8
     bt = next(b for b in data["buffers"] if b["name"] == "block_table.full")
-    assert (bt["shape"], bt["max"]) == ([12, 8], 99)
+    assert (bt["shape"], bt["max"]) == ([16, 8], 99)
     code, out, _ = _run(capsys, "plan", GEMMA, "--set", " num_blocks = 100 ")
     assert code == 0 and "min 0, max 99" in out
 
@@ -97,7 +97,10 @@ def test_bad_set_exits_2(capsys: pytest.CaptureFixture[str], command: str, pair:
 def test_check_prints_a_one_line_summary(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(capsys, "check", GEMMA, "--set", "num_blocks=64")
     assert (code, err) == (0, "")
-    assert out.splitlines() == [f"{GEMMA}: ok: {GEMMA}, 6 buffers, 7168 bytes, capture sizes 4..48 (12)"]
+    assert out.splitlines() == [
+        f"{GEMMA}: ok: {GEMMA}, 6 buffers, 8192 bytes, capture sizes 4..64 (16)",
+        "coverage: 16/16 batch sizes of 1..16 requests replay a graph (max padding waste 0.0%)",
+    ]
 
 
 def test_check_on_a_file(
@@ -106,7 +109,11 @@ def test_check_on_a_file(
     path = write_yaml(spec_mapping())
     code, out, _ = _run(capsys, "check", str(path))
     assert code == 0
-    assert out == f"{path}: ok: small, 6 buffers, 3072 bytes, capture sizes 2..8 (3)\n"
+    assert out == (
+        f"{path}: ok: small, 6 buffers, 3072 bytes, capture sizes 2..8 (3)\n"
+        "coverage: no serving envelope declared (capture.max_requests); the capture sizes hold uniform "
+        "batches of 1..4 requests\n"
+    )
 
 
 def test_check_bad_spec_exits_2_with_every_error_on_stderr(
@@ -176,7 +183,8 @@ def test_unknown_spec_name_exits_2(capsys: pytest.CaptureFixture[str], command: 
         ["plan", GEMMA, "--colour"],
         ["plan", GEMMA, "--set"],
         ["schema", "extra"],
-        ["check", GEMMA, "--json"],
+        ["check", GEMMA, "--colour"],
+        ["sizes", GEMMA, "--max-graphs", "many"],
     ],
 )
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:

@@ -284,9 +284,14 @@ BAD_SPECS: list[tuple[str, Mutation, list[str]]] = [
         ["capture.tokens_per_request: 'mtp' in '1 + mtp' has no value"],
     ),
     (
-        "constant-forward-reference",
-        lambda d: _set_constants_first(d, early="num_blocks + 1"),
-        ["constants.early: unknown name(s) num_blocks; a constant may use only the constants declared above"],
+        "constant-cycle",
+        lambda d: d["constants"].update(a="b + 1", b="c * 2", c="a"),
+        ["constants.a: dependency cycle: a -> b -> c -> a"],
+    ),
+    (
+        "constant-unknown-name",
+        lambda d: _set_constants_first(d, early="nope + 1"),
+        ["constants.early: unknown name(s) nope"],
     ),
     (
         "constant-bad-expr",
@@ -643,8 +648,8 @@ def test_python_object_tags_are_rejected(write_yaml: Callable[..., Path], tmp_pa
             "version: 1\nbuffers:\n  x: {dtype: int8, rows: 1}\n  x: {dtype: int8, rows: 2}\n",
             "line 4, column 3: invalid YAML: duplicate key 'x'",
         ),
-        ("version: 1\nname: [a\n", "invalid YAML: expected ',' or ']'"),
-        ("version: 1\n  name: x\n", "line 2, column 7: invalid YAML: mapping values are not allowed here"),
+        ("version: 1\nname: [a\n", "expected ',' or ']'"),
+        ("version: 1\n  name: x\n", "line 2, column 7: invalid YAML: mapping values are not allowed"),
     ],
 )
 def test_duplicate_keys_and_syntax_errors_name_file_and_line(
