@@ -1,4 +1,4 @@
-"""Bootstrap of the real-module tests: runs only in a subprocess started by ``tests/test_real_vllm_ascend.py``.
+"""Bootstrap of the real-module tests: runs only in a subprocess (``tests/test_real_vllm_ascend.py``).
 
 The main test run ignores this directory (``--ignore`` in pyproject's addopts). Here the real vllm-ascend
 0.23.0.post1 and vLLM 0.23.0 (``install.py``) go first on ``sys.path``, ``torch_npu`` is graphbuf's own stub
@@ -14,14 +14,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import importlib  # noqa: E402
+
 import install  # noqa: E402
 import torch_npu_stub  # noqa: E402
 
 _cache = install.ensure()
 sys.path[:0] = [str(_cache / name) for name in install.SITE_DIRS]
 torch_npu_stub.install()
-
-import vllm_ascend.ops  # noqa: E402, F401
-import vllm_ascend.attention.attention_v1  # noqa: E402, F401
+for _name in ("vllm_ascend.ops", "vllm_ascend.attention.attention_v1"):  # in this order
+    importlib.import_module(_name)
 
 from real_fixtures import *  # noqa: E402, F403

@@ -99,6 +99,7 @@ def make_vllm_config(
         compilation_config=cc,
         parallel_config=ParallelConfig(tensor_parallel_size=1),
     )  # fmt: skip
+    cc.cudagraph_mode = graph_mode  # VllmConfig without a model config resets it to NONE
     cc.cudagraph_capture_sizes = sorted(capture_sizes)
     cc.max_cudagraph_capture_size = max(capture_sizes)
     config.parallel_config.tensor_parallel_size = TP

@@ -159,7 +159,9 @@ def _npu_namespace() -> types.ModuleType:
     npu.mem_get_info = lambda *a, **k: (64 << 30, 64 << 30)
     npu.graph_task_group_begin = lambda stream=None: CALLS.append(("graph_task_group_begin", (), {}))
     npu.graph_task_group_end = _task_group_end
-    npu.graph_task_update_begin = lambda stream, handle: CALLS.append(("graph_task_update_begin", (handle,), {}))
+    npu.graph_task_update_begin = lambda stream, handle: CALLS.append(
+        ("graph_task_update_begin", (handle,), {})
+    )
     npu.graph_task_update_end = lambda stream=None: CALLS.append(("graph_task_update_end", (), {}))
     return npu
 
