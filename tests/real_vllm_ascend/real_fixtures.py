@@ -184,3 +184,4 @@ def _clear_stub_calls() -> None:
     import torch_npu_stub
 
     torch_npu_stub.CALLS.clear()
+    torch_npu_stub.RESULTS.clear()

@@ -27,10 +27,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["CALLS", "RecordedOp", "install"]
+__all__ = ["CALLS", "RESULTS", "RecordedOp", "install"]
 
 CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 """Every recorded op and graph call since the last ``CALLS.clear()``."""
+
+RESULTS: dict[str, Any] = {}
+"""Op name -> callable ``(*args, **kwargs) -> result`` for ops whose caller uses the result (default None)."""
 
 _handles = itertools.count(1)
 
@@ -41,8 +44,10 @@ class RecordedOp:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         CALLS.append((self.name, args, kwargs))
+        result = RESULTS.get(self.name)
+        return None if result is None else result(*args, **kwargs)
 
     def __getattr__(self, attr: str) -> RecordedOp:
         if attr.startswith("__"):
