@@ -35,7 +35,8 @@ import torch
 import graphbuf.adapters.vllm_ascend.patch as patch
 import graphbuf.adapters.vllm_ascend.plugin as plugin
 import graphbuf.adapters.vllm_ascend.resolve as resolve
-from graphbuf.errors import CaptureError, GraphbufError, SpecError, WidthError
+import graphbuf.adapters.vllm_ascend.routing as routing
+from graphbuf.errors import GraphbufError, WidthError
 from graphbuf.graphs.graph import Graph
 
 FAKE_ROOT = Path(__file__).resolve().parent / "fake_vllm_ascend"
@@ -75,7 +76,7 @@ def fake_tree(monkeypatch: pytest.MonkeyPatch) -> Any:
     _purge_fake_modules()
     monkeypatch.syspath_prepend(str(FAKE_ROOT))
     monkeypatch.setattr(plugin, "_warned_versions", set())
-    monkeypatch.setattr(patch, "_forward_context", lambda: None)
+    monkeypatch.setattr(routing, "_forward_context", lambda: None)
     yield
     patch.unpatch()
     _purge_fake_modules()
@@ -211,7 +212,11 @@ def original_calls(av1: Any, name: str) -> list[Any]:
 # ------------------------------------------------------------------------------ module import hygiene
 
 
-@pytest.mark.parametrize("filename", ["plugin.py", "patch.py"])
+STDLIB_ONLY = ("plugin.py", "patch.py", "routing.py")
+"""Adapter modules loaded by the plugin in every vLLM process: the standard library and each other only."""
+
+
+@pytest.mark.parametrize("filename", STDLIB_ONLY)
 def test_module_imports_only_the_standard_library(filename: str) -> None:
     tree = ast.parse((ADAPTER_DIR / filename).read_text())
     imported = set()
@@ -219,7 +224,11 @@ def test_module_imports_only_the_standard_library(filename: str) -> None:
         if isinstance(node, ast.Import):
             imported.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, f"{filename}: relative import at module level"
+            if node.level:
+                sibling = f"{(node.module or '').split('.')[0]}.py"
+                names = [sibling] if node.module else [f"{a.name}.py" for a in node.names]
+                assert all(n in STDLIB_ONLY for n in names), f"{filename}: relative import of {names}"
+                continue
             imported.add((node.module or "").split(".")[0])
     non_stdlib = sorted(
         name for name in imported if name not in sys.stdlib_module_names and name != "__future__"
@@ -308,7 +317,7 @@ def test_head512_mtp_verify_goes_to_graphbuf_verify(av1: Any, kernels: Any, stat
 
 def test_runtime_full_mode_also_routes(av1: Any, kernels: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        patch, "_forward_context", lambda: SimpleNamespace(cudagraph_runtime_mode=CUDAGraphMode.FULL)
+        routing, "_forward_context", lambda: SimpleNamespace(cudagraph_runtime_mode=CUDAGraphMode.FULL)
     )
     metadata = make_builder(av1).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
     run_layer(av1, make_impl(av1), metadata, num_tokens=2)
@@ -355,10 +364,10 @@ def test_prefill_and_non_uniform_batches_call_the_original(
     run_layer(av1, make_impl(av1), metadata, num_tokens=sum(q_lens))
     assert original_calls(av1, "forward_impl") == [512]
     assert kernels.calls == []
-    # Inside a full graph such a batch cannot fall back (the replay update skips the group): it must fail.
+    # Inside a full graph too: the batch is not routed, so the replay update keeps it and upstream runs it.
     set_capturing(True)
-    with pytest.raises(CaptureError, match="not a pure uniform decode batch"):
-        run_layer(av1, make_impl(av1), metadata, num_tokens=sum(q_lens))
+    run_layer(av1, make_impl(av1), metadata, num_tokens=sum(q_lens))
+    assert original_calls(av1, "forward_impl") == [512, 512]
     assert kernels.calls == []
 
 
@@ -378,15 +387,31 @@ def test_builder_subclasses_are_never_routed(av1: Any) -> None:
     assert getattr(metadata, patch.ROUTE_ATTR, None) is None
 
 
-def test_routed_layer_that_graphbuf_cannot_run_raises(av1: Any, kernels: Any) -> None:
-    metadata = make_builder(av1).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+def test_routed_layer_that_graphbuf_cannot_run_falls_back_with_a_reason(
+    av1: Any, kernels: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    builder = make_builder(av1)
+    metadata = builder.build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
     set_capturing(True)
-    with pytest.raises(CaptureError, match="sliding_window is set"):
+    with caplog.at_level(logging.WARNING, logger="graphbuf"):
         run_layer(av1, make_impl(av1, sliding_window=1024), metadata, num_tokens=2)
-    with pytest.raises(CaptureError, match="block_table at capture size 2 has 2 rows, the batch needs 3"):
-        run_layer(av1, make_impl(av1), metadata, num_tokens=3)
-    assert kernels.calls == []
-    assert original_calls(av1, "forward_impl") == []
+    assert kernels.calls == [] and original_calls(av1, "forward_impl") == [512]
+    assert any("capture size 2 keeps vllm-ascend's path" in r.getMessage() and "sliding_window is set"
+               in r.getMessage() for r in caplog.records)  # fmt: skip
+    # The size stays on upstream's path for every later batch: capture and replay agree.
+    again = builder.build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    route = getattr(again, patch.ROUTE_ATTR)
+    assert route.q_len is None and "sliding_window is set" in route.reason
+    forward_context = SimpleNamespace(attn_metadata={"layer": again})
+    assert routing.without_routed(forward_context.attn_metadata) is forward_context.attn_metadata
+    # More query tokens than the route's rows: the same fallback, for that size.
+    builder = make_builder(av1)
+    metadata = builder.build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
+    run_layer(av1, make_impl(av1), metadata, num_tokens=3)
+    assert kernels.calls == [] and original_calls(av1, "forward_impl") == [512, 512]
+    assert "block_table at capture size 2 has 2 rows, the batch needs 3" in resolve.group_buffers(
+        builder
+    ).fallbacks[2]
 
 
 def reference_attention(
@@ -579,19 +604,34 @@ def test_capture_sizes_and_constants_come_from_the_vllm_config(av1: Any) -> None
 
 
 @pytest.mark.parametrize(
-    ("capture_sizes", "max_num_seqs", "message"),
+    ("capture_sizes", "max_num_seqs", "routed", "not_routed"),
     [
-        ([3, 6, 24], 4, r"capture\.sizes\[2\]: size 24 implies 8 requests, above max_num_seqs \(4\)"),
-        ([3, 4], 16, r"capture\.sizes\[1\]: size 4 is not a multiple of tokens_per_request \(3\)"),
-        (None, 16, r"compilation_config\.cudagraph_capture_sizes is None"),
+        ([3, 6, 24], 4, (3, 6), (24,)),  # 24 tokens = 8 requests > max_num_seqs
+        ([3, 4, 6], 16, (3, 6), (4,)),  # 4 is not a multiple of 1 + num_speculative_tokens
     ],
 )
-def test_bad_envelope_raises_spec_error(
-    av1: Any, capture_sizes: Any, max_num_seqs: int, message: str
-) -> None:
+def test_capture_sizes_beyond_the_envelope_are_left_to_upstream(
+    av1: Any, capture_sizes: Any, max_num_seqs: int, routed: tuple[int, ...], not_routed: tuple[int, ...],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
     builder = make_builder(av1, spec_tokens=2, capture_sizes=capture_sizes, max_num_seqs=max_num_seqs)
-    with pytest.raises(SpecError, match=message):
-        builder.build(0, Runner().common(av1, [3, 3], "SpecDecoding"))
+    with caplog.at_level(logging.INFO, logger="graphbuf"):
+        metadata = builder.build(0, Runner().common(av1, [3, 3], "SpecDecoding"))
+    assert getattr(metadata, patch.ROUTE_ATTR).size == 6
+    buffers = resolve.group_buffers(builder)
+    assert (buffers.capture_sizes, buffers.not_routed) == (routed, not_routed)
+    lines = [r.getMessage() for r in caplog.records if "not routed" in r.getMessage()]
+    assert len(lines) == 1 and all(str(s) in lines[0] for s in not_routed)
+
+
+def test_a_config_the_spec_cannot_plan_keeps_upstream_with_a_warning(
+    av1: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    builder = make_builder(av1, spec_tokens=2, capture_sizes=None)
+    with caplog.at_level(logging.WARNING, logger="graphbuf"):
+        metadata = builder.build(0, Runner().common(av1, [3, 3], "SpecDecoding"))
+    assert getattr(metadata, patch.ROUTE_ATTR, None) is None
+    assert any("compilation_config.cudagraph_capture_sizes is None" in r.getMessage() for r in caplog.records)
 
 
 def test_decode_length_batch_under_mtp_routes_through_one_token_buffers(av1: Any, kernels: Any) -> None:
@@ -612,7 +652,7 @@ def test_decode_length_batch_under_mtp_routes_through_one_token_buffers(av1: Any
     assert name == "decode" and seen["lens_values"][2] == 0  # the padded request is cleared
 
 
-def test_decode_length_batch_with_no_fitting_size_cannot_run_in_a_full_graph(av1: Any, kernels: Any) -> None:
+def test_decode_length_batch_with_no_fitting_size_keeps_upstream(av1: Any, kernels: Any) -> None:
     # Capture sizes 3 and 6 tokens hold 1-token batches of 3 and 6 requests: above max_num_seqs = 2.
     builder = make_builder(av1, spec_tokens=2, capture_sizes=[3, 6], max_num_seqs=2)
     metadata = builder.build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
@@ -621,9 +661,10 @@ def test_decode_length_batch_with_no_fitting_size_cannot_run_in_a_full_graph(av1
     assert resolve.group_buffers(builder, q_len=1) is None
     run_layer(av1, make_impl(av1), metadata, num_tokens=2)  # eager: the original path
     assert original_calls(av1, "forward_impl") == [512]
+    assert "no routed capture size holds 2 tokens of 1-token requests" in route.reason
     set_capturing(True)
-    with pytest.raises(CaptureError, match="no capture size holds 2 tokens of 1-token requests"):
-        run_layer(av1, make_impl(av1), metadata, num_tokens=2)
+    run_layer(av1, make_impl(av1), metadata, num_tokens=2)  # under a full graph: upstream's path too
+    assert original_calls(av1, "forward_impl") == [512, 512]
     assert kernels.calls == []
 
 

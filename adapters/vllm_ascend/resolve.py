@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,8 @@ from graphbuf.buffers import StaticBuffers
 from graphbuf.errors import SpecError
 from graphbuf.spec import GraphSpec, load_spec
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "BLOCK_TABLE",
     "GROUP",
@@ -42,6 +45,7 @@ __all__ = [
     "SPEC_NAME",
     "GroupBuffers",
     "capture_sizes",
+    "envelope_sizes",
     "group_buffers",
     "routed_spec",
     "spec_overrides",
@@ -108,26 +112,53 @@ def capture_sizes(vllm_config: Any) -> list[Any]:
     return list(sizes)
 
 
-def routed_spec(
-    vllm_config: Any, kv_cache_spec: Any, q_len: int | None = None
-) -> tuple[GraphSpec, dict[str, int]] | None:
-    """The validated variant spec of a routed group (see the module docstring) and its overrides.
+def envelope_sizes(
+    sizes: list[Any], tokens_per_request: int, constants: Mapping[str, Any]
+) -> tuple[list[int], list[int]]:
+    """Split vLLM's capture sizes into ``(routed, not_routed)``: a size is routed when it is a positive
+    multiple of ``tokens_per_request`` holding at most ``max_num_seqs`` requests and at most
+    ``max_num_batched_tokens`` tokens (the spec's envelope); every other size is left to upstream's path."""
+    max_seqs = _as_int(constants.get("max_num_seqs"))
+    max_tokens = _as_int(constants.get("max_num_batched_tokens"))
+    routed: list[int] = []
+    not_routed: list[int] = []
+    for s in sizes:
+        ok = (
+            _as_int(s) is not None
+            and s > 0
+            and s % tokens_per_request == 0
+            and (max_seqs is None or s // tokens_per_request <= max_seqs)
+            and (max_tokens is None or s <= max_tokens)
+        )
+        (routed if ok else not_routed).append(s)
+    return sorted(set(routed)), sorted(set(not_routed), key=str)
 
-    ``q_len``: plan for requests of this many query tokens instead of ``1 + num_speculative_tokens`` (a
-    1-token decode batch of a group whose verify batches carry MTP tokens); then only the capture sizes that
-    can hold such a batch are kept (multiples of ``q_len`` of at most ``max_num_seqs`` requests), and None is
-    returned if none can. Raises :class:`SpecError` naming the field and the vLLM setting behind it when the
+
+def routed_spec(
+    vllm_config: Any, kv_cache_spec: Any, q_len: int | None = None, kernel_block_size: int | None = None
+) -> tuple[GraphSpec, dict[str, int], list[int]] | None:
+    """The validated variant spec of a routed group (see the module docstring), its overrides, and the
+    capture sizes vLLM lists that it does not route.
+
+    Only the sizes inside the spec's envelope are planned (:func:`envelope_sizes`); the others stay with
+    upstream's path. ``q_len``: plan for requests of this many query tokens instead of
+    ``1 + num_speculative_tokens`` (a 1-token decode batch of a group whose verify batches carry MTP
+    tokens). ``kernel_block_size``: the block size of the runner's block table (vllm-ascend's attention
+    kernels use 128-token blocks under a larger manager block); default the KV spec's block size. Returns
+    None when no listed size is routable. Raises :class:`SpecError` naming the field when the rest of the
     envelope is invalid.
     """
     base = _base_spec()
     overrides = spec_overrides(vllm_config, kv_cache_spec)
-    sizes = capture_sizes(vllm_config)
+    if kernel_block_size is not None:
+        overrides["block_size"] = kernel_block_size
     if q_len is not None:
         overrides["num_speculative_tokens"] = q_len - 1
-        max_seqs = overrides.get("max_num_seqs", base.constants.get("max_num_seqs"))
-        sizes = [s for s in sizes if s % q_len == 0 and (max_seqs is None or s // q_len <= max_seqs)]
-        if not sizes:
-            return None
+    constants = {**base.constants, **overrides}
+    tpr = 1 + int(constants.get("num_speculative_tokens", 0) or 0)
+    sizes, not_routed = envelope_sizes(capture_sizes(vllm_config), tpr, constants)
+    if not sizes:
+        return None
     variant = base.model_copy(
         update={
             "groups": [GROUP],
@@ -141,7 +172,8 @@ def routed_spec(
         f"{SPEC_NAME} for vllm-ascend (capture.sizes from compilation_config.cudagraph_capture_sizes; "
         f"overrides from the vLLM config: {shown})"
     )
-    return GraphSpec.model_validate(variant.model_dump(), source=source, overrides=overrides), overrides
+    spec = GraphSpec.model_validate(variant.model_dump(), source=source, overrides=overrides)
+    return spec, overrides, not_routed
 
 
 class GroupBuffers:
@@ -157,6 +189,10 @@ class GroupBuffers:
         self.buffers = StaticBuffers(spec, device, overrides=overrides)
         self.tokens_per_request: int = self.buffers.plan.tokens_per_request
         self.capture_sizes: tuple[int, ...] = self.buffers.capture_sizes
+        self.not_routed: tuple[int, ...] = ()
+        """vLLM's capture sizes outside the spec's envelope (upstream's path runs them)."""
+        self.fallbacks: dict[int, str] = {}
+        """Capture sizes whose capture fell back to upstream's path, with the reason; never routed again."""
 
     def capture_size(self, num_tokens: int) -> int | None:
         """The smallest capture size holding ``num_tokens`` tokens; None above the largest (not captured)."""
@@ -182,17 +218,53 @@ class GroupBuffers:
 
 
 def group_buffers(
-    builder: Any, device: str | torch.device | None = None, q_len: int | None = None
+    builder: Any,
+    device: str | torch.device | None = None,
+    q_len: int | None = None,
+    kernel_block_size: int | None = None,
 ) -> GroupBuffers | None:
     """The builder's :class:`GroupBuffers` for requests of ``q_len`` query tokens (default: the spec's
     ``1 + num_speculative_tokens``), created on first use from ``builder.vllm_config`` and
-    ``builder.kv_cache_spec`` on ``device`` (default ``builder.device``), then kept on the builder. None when
-    no capture size can hold a batch of ``q_len``-token requests."""
+    ``builder.kv_cache_spec`` on ``device`` (default ``builder.device``), with tables in
+    ``kernel_block_size`` blocks, then kept on the builder.
+
+    None when the group is not routed: no listed capture size can hold a batch of ``q_len``-token requests,
+    or the vLLM config is outside what the spec can plan (a ``SpecError``, logged once as a warning). Never
+    raises for a config vLLM accepts: such groups keep upstream's path.
+    """
     cache = builder.__dict__.setdefault(_CACHE_ATTR, {})
     if q_len not in cache:
-        planned = routed_spec(getattr(builder, "vllm_config", None), builder.kv_cache_spec, q_len)
         where = device if device is not None else getattr(builder, "device", None)
-        cache[q_len] = (
-            None if planned is None else GroupBuffers(*planned, where if where is not None else "cpu")
-        )
+        try:
+            planned = routed_spec(getattr(builder, "vllm_config", None), builder.kv_cache_spec, q_len,
+                                  kernel_block_size)  # fmt: skip
+        except SpecError as exc:
+            logger.warning("graphbuf: KV group left on vllm-ascend's path (not routed): %s", exc)
+            planned = None
+        if planned is None:
+            cache[q_len] = None
+        else:
+            spec, overrides, not_routed = planned
+            buffers = GroupBuffers(spec, overrides, where if where is not None else "cpu")
+            buffers.not_routed = tuple(not_routed)
+            _log_not_routed(builder, buffers)
+            cache[q_len] = buffers
     return cache[q_len]
+
+
+_logged: set[tuple[Any, ...]] = set()
+
+
+def _log_not_routed(builder: Any, buffers: GroupBuffers) -> None:
+    """One info line per vLLM config and query length naming the capture sizes left to upstream's path."""
+    key = (id(getattr(builder, "vllm_config", None)), buffers.tokens_per_request, buffers.not_routed)
+    if not buffers.not_routed or key in _logged:
+        return
+    _logged.add(key)
+    logger.info(
+        "graphbuf: capture sizes %s are beyond the spec's envelope for %d-token requests and are not routed "
+        "(vllm-ascend's own path captures them); routed sizes: %s",
+        ", ".join(map(str, buffers.not_routed)),
+        buffers.tokens_per_request,
+        ", ".join(map(str, buffers.capture_sizes)),
+    )

@@ -1,7 +1,15 @@
 """Fake of ``vllm_ascend.attention.attention_v1`` (vllm-ascend 0.23 - 0.26 names and signatures).
 
-The real module imports torch_npu at import time and cannot be loaded without an NPU. Every original
-method appends ``(name, details)`` to ``CALLS`` so tests can tell the original path from graphbuf's.
+The real 0.23.0.post1 module is driven by ``tests/real_vllm_ascend/`` (build, forward_impl under a FULL
+capture and eagerly, update_graph_params in both call forms). This fake stays only for what the real module
+cannot reach on a CPU machine:
+
+* the plugin's own checks in the main test process (``tests/test_vllm_plugin.py``: version refusal, layout
+  refusal, the deferred import hook, unpatch) and vLLM 0.32's plugin discovery in subprocesses, where the
+  real package must not be on ``sys.path`` (its pair is vLLM 0.23, not 0.32);
+* versions other than 0.23 (0.24 - 0.26 signatures), and the PCP/DCP builder subclasses, whose real
+  modules need distributed groups;
+* counting which path ran: every original method appends ``(name, details)`` to ``CALLS``.
 """
 
 from __future__ import annotations

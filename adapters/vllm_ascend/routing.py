@@ -1,0 +1,354 @@
+"""The routing policy of the vllm-ascend patch: which KV groups, batches and calls graphbuf takes over.
+
+``patch.py`` installs the wrappers; this module decides what they do. Rules:
+
+1. Groups. A KV group is routed exactly when its builder is the base ``AscendAttentionMetadataBuilder`` (not
+   the PCP/DCP subclasses), ``compilation_config.cudagraph_mode`` is FULL_DECODE_ONLY, the group's KV spec has
+   head_size ``LARGE_HEAD_SIZE`` and no sliding window, C8 KV quantization is off, attention is causal, and
+   the spec can plan the vLLM config (otherwise one warning and upstream's path). This depends on the group
+   only, never on the batch.
+2. Capture sizes. Of vLLM's capture sizes, those inside the spec's envelope are routed (multiples of the
+   request's query length holding at most ``max_num_seqs`` requests and ``max_num_batched_tokens`` tokens);
+   the rest run upstream's path, named in one log line. Nothing a valid vLLM config holds fails startup.
+3. Batches: routes key on the batch the runner replays. The runner passes the padded request count
+   (``num_reqs``, DP padding or padding to the next capture size) with the unpadded token count
+   (``num_actual_tokens``) and the replayed token count (``num_input_tokens``). The route's capture size is
+   the smallest routed size holding ``num_input_tokens`` (a size vLLM lists but does not route: no route).
+   The live rows are the real requests (``num_actual_tokens // q_len``); every other row of the size is a
+   pad (``seq_len`` 0, block row 0). ``Route.q_len`` is the query length of a pure uniform decode batch: 1
+   (decode) or ``1 + num_speculative_tokens`` (MTP verify); otherwise None with ``Route.reason``. 1-token
+   batches of an MTP group use buffers of their own.
+4. Block sizes. The runner's block table counts kernel blocks (vllm-ascend's attention kernels take 128-token
+   blocks); vLLM's page-size unification may give the group a larger manager block (256 for Gemma4's
+   512-dim group at TP=2). Captured tables are planned in the kernel block size, chosen as vLLM's runner
+   chooses it (the manager block if the backend supports it, else the largest supported size dividing it).
+5. Calls. ``forward_impl`` goes to graphbuf when its metadata carries a ``Route`` with a ``q_len`` and the
+   forward runs inside a full ACL graph (vllm-ascend's forward context says ``capturing``, or vLLM's
+   ``cudagraph_runtime_mode`` is FULL). A routed call graphbuf cannot run (a layer with sliding window,
+   sinks or ALiBi, more query tokens than the route's rows, no KV cache) falls back to upstream's path with
+   a logged reason, and the group's capture size is marked so every later batch of that size keeps
+   upstream's path too (capture and replay agree). Every other call runs the original method.
+6. Replay updates. ``update_graph_params`` is called without routed groups' metadata (a ``Route`` with a
+   ``q_len``): their captured work is graphbuf's, not a fused-attention task, and vllm-ascend pairs its
+   captured task parameters with the layers it is given.
+
+Tensors handed to graphbuf's kernels are graphbuf's own captured buffers (``resolve.py``), never the
+runner's. This module imports only the standard library at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "LARGE_HEAD_SIZE",
+    "ROUTED_ATTN_STATES",
+    "ROUTED_GRAPH_MODES",
+    "ROUTE_ATTR",
+    "ForwardContextView",
+    "Route",
+    "forward",
+    "kernel_block_size",
+    "plan_route",
+    "without_routed",
+]
+
+logger = logging.getLogger(__name__)
+
+LARGE_HEAD_SIZE = 512
+"""Head size of the layers graphbuf takes over (Gemma4's full-attention ``global_head_dim``)."""
+
+ROUTED_GRAPH_MODES = frozenset({"FULL_DECODE_ONLY"})
+"""``CUDAGraphMode`` names under which routing is allowed."""
+
+ROUTED_ATTN_STATES = frozenset({"DecodeOnly", "SpecDecoding", "ChunkedPrefill"})
+"""``AscendAttentionState`` names a routed forward may carry. ChunkedPrefill is listed because vllm-ascend
+labels its non-MLA MTP capture dummy runs that way; routing also needs ``Route.q_len``, which is None for
+any batch with a prefill request."""
+
+ROUTE_ATTR = "graphbuf_route"
+"""Attribute of the attention metadata that holds the ``Route`` (absent or None: not routed)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """Marks a batch of a routed KV group, with what graphbuf's kernels read for it.
+
+    ``q_len``: query tokens per request of a pure uniform decode batch (1: decode, > 1: MTP verify), None
+    for any other batch (then ``reason`` says why and nothing else is set). ``block_table``
+    (``[size // q_len, W]`` int32, ``W`` in kernel blocks) and ``seq_lens`` (``[size // q_len]`` int32) are
+    views of the group's graphbuf buffers at capture size ``size``: fixed addresses, refreshed by ``build``,
+    rows from ``num_reqs`` (the live requests) on cleared to 0. ``group``: the group's ``GroupBuffers``.
+    """
+
+    q_len: int | None
+    block_table: Any = None
+    seq_lens: Any = None
+    size: int | None = None
+    num_reqs: int = 0
+    reason: str | None = None
+    group: Any = None
+
+
+def kernel_block_size(builder: Any, manager_block_size: int) -> int:
+    """The block size of the runner's block table for this group: the manager block size if the backend's
+    ``get_supported_kernel_block_sizes()`` lists it (or lists none), else the largest listed size dividing
+    it (vLLM's ``select_common_block_size`` rule; vllm-ascend's attention backend lists 128)."""
+    module = sys.modules.get(type(builder).__module__)
+    backend = getattr(module, "AscendAttentionBackend", None)
+    try:
+        supported = [int(s) for s in backend.get_supported_kernel_block_sizes()]  # type: ignore[union-attr]
+    except Exception:  # no backend class, or sizes given as MultipleOf(...) rules: keep the manager size
+        return manager_block_size
+    if not supported or manager_block_size in supported:
+        return manager_block_size
+    dividing = [s for s in supported if s > 0 and manager_block_size % s == 0]
+    return max(dividing) if dividing else manager_block_size
+
+
+def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> Route | None:
+    """The ``Route`` of one built batch of one KV group, or None when the batch keeps vllm-ascend's path.
+
+    Rules 1-4 of the module docstring. For a routed uniform batch it refreshes the group's graphbuf buffers
+    (created on the group's first routed build) and returns their views; a ``graphbuf.RefreshError``
+    (``WidthError`` for a table wider than the allocation) propagates with the buffers unchanged.
+    """
+    if _enum_name(_graph_mode(builder)) not in ROUTED_GRAPH_MODES:
+        return None
+    spec = getattr(builder, "kv_cache_spec", None)
+    if (
+        getattr(spec, "head_size", None) != LARGE_HEAD_SIZE
+        or getattr(spec, "sliding_window", None) is not None
+    ):
+        return None
+    quant_config = getattr(getattr(builder, "vllm_config", None), "quant_config", None)
+    if getattr(quant_config, "enable_c8_quant", False) or not getattr(common_attn_metadata, "causal", True):
+        return None
+    block_table = getattr(common_attn_metadata, "block_table_tensor", None)
+    seq_lens = getattr(common_attn_metadata, "seq_lens", None)
+    if block_table is None or seq_lens is None:
+        return None
+    resolve = importlib.import_module(f"{__package__}.resolve")
+    device = getattr(builder, "device", None)
+    device = block_table.device if device is None else device
+    kernel_block = kernel_block_size(builder, int(spec.block_size))
+    buffers = resolve.group_buffers(builder, device, kernel_block_size=kernel_block)
+    if buffers is None:
+        return None
+    num_tokens = int(getattr(common_attn_metadata, "num_actual_tokens", 0))
+    replayed = max(num_tokens, int(getattr(common_attn_metadata, "num_input_tokens", 0) or 0))
+    if replayed in buffers.not_routed:
+        return None  # vLLM captures this size on upstream's path
+    size = buffers.capture_size(replayed)
+    if size is None:
+        return None  # above every routed capture size: this batch is never replayed by graphbuf
+    q_len = _uniform_decode_query_len(builder, common_attn_metadata, attn_metadata)
+    tpr = buffers.tokens_per_request
+    if q_len is None:
+        return Route(
+            q_len=None,
+            reason=f"the batch is not a pure uniform decode batch of query length 1 or {tpr} "
+            "(1 + num_speculative_tokens)",
+        )
+    if q_len != tpr:  # a 1-token decode batch of an MTP group: buffers planned for 1-token requests
+        buffers = resolve.group_buffers(builder, device, q_len, kernel_block_size=kernel_block)
+        if buffers is None or replayed in buffers.not_routed:
+            return Route(
+                q_len=None, reason=f"no routed capture size holds {replayed} tokens of {q_len}-token requests"
+            )
+        size = buffers.capture_size(replayed)
+        if size is None:
+            return Route(
+                q_len=None, reason=f"no routed capture size holds {replayed} tokens of {q_len}-token requests"
+            )
+    if size in buffers.fallbacks:
+        return Route(q_len=None, reason=buffers.fallbacks[size])
+    live = num_tokens // q_len
+    views = buffers.resolve(size, block_table, seq_lens, live)
+    return Route(
+        q_len=q_len, block_table=views[0], seq_lens=views[1], size=size, num_reqs=live, group=buffers
+    )
+
+
+def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache: Any, attn_metadata: Any,
+            output: Any, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+    """``forward_impl`` under rule 5: graphbuf's kernels for a routed batch inside a full graph, else
+    ``original`` (also, with a logged reason, for a routed call graphbuf cannot run)."""
+    route = getattr(attn_metadata, ROUTE_ATTR, None)
+    if route is None or route.q_len is None or not _under_full_graph():
+        return original(impl, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+    if route.group is not None and route.size in route.group.fallbacks:
+        return original(impl, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+    problems, key_cache, value_cache = _problems(impl, query, kv_cache, attn_metadata, route)
+    if problems:
+        reason = f"{type(impl).__name__}.forward_impl cannot run on graphbuf: {'; '.join(problems)}"
+        if route.group is not None:
+            route.group.fallbacks[route.size] = reason
+        logger.warning("graphbuf: capture size %s keeps vllm-ascend's path: %s", route.size, reason)
+        return original(impl, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+    module = sys.modules.get(type(impl).__module__)
+    fence = getattr(module, "record_attention_compute_start", None)
+    if callable(fence):
+        fence()
+    large_head = importlib.import_module(f"{__package__}.large_head")
+    num_tokens = int(query.shape[0])
+    batch = num_tokens // route.q_len
+    # Under a full graph the query holds the padded batch (route.size tokens): the views as they are, whose
+    # padded rows have seq_len 0 and give zeros. A shorter query reads a row prefix at the same addresses.
+    block_table, seq_lens = route.block_table, route.seq_lens
+    if int(block_table.shape[0]) != batch:
+        block_table, seq_lens = block_table[:batch], seq_lens[:batch]
+    if route.q_len == 1:
+        result = large_head.decode_attention(query, key_cache, value_cache, block_table, seq_lens, impl.scale)
+    else:
+        result = large_head.verify_attention(
+            query, key_cache, value_cache, block_table, seq_lens, route.q_len, impl.scale
+        )
+    return _store(output, result, num_tokens)
+
+
+def _problems(
+    impl: Any, query: Any, kv_cache: Any, attn_metadata: Any, route: Route
+) -> tuple[list[str], Any, Any]:
+    num_tokens = int(query.shape[0])
+    problems = []
+    batch, remainder = divmod(num_tokens, route.q_len)
+    if getattr(impl, "head_size", None) != LARGE_HEAD_SIZE:
+        problems.append(
+            f"head_size is {getattr(impl, 'head_size', None)}, graphbuf takes only {LARGE_HEAD_SIZE}"
+        )
+    state = _enum_name(getattr(attn_metadata, "attn_state", None))
+    if state not in ROUTED_ATTN_STATES:
+        problems.append(f"attn_state is {state}, allowed: {', '.join(sorted(ROUTED_ATTN_STATES))}")
+    for attr in ("sliding_window", "sinks", "alibi_slopes"):
+        if getattr(impl, attr, None) is not None:
+            problems.append(f"{attr} is set, graphbuf supports only plain causal attention")
+    if getattr(impl, "attn_type", "decoder") != "decoder":
+        problems.append(f"attn_type is {getattr(impl, 'attn_type', None)}, allowed: decoder")
+    if remainder:
+        problems.append(f"{num_tokens} query tokens is not a multiple of q_len {route.q_len}")
+    for name, tensor in (("block_table", route.block_table), ("seq_lens", route.seq_lens)):
+        if int(tensor.shape[0]) < batch:
+            problems.append(
+                f"graphbuf's {name} at capture size {route.size} has {int(tensor.shape[0])} rows, the batch "
+                f"needs {batch}"
+            )
+    key_cache, value_cache = getattr(impl, "key_cache", None), getattr(impl, "value_cache", None)
+    if key_cache is None and kv_cache is not None and len(kv_cache) >= 2:
+        key_cache, value_cache = kv_cache[0], kv_cache[1]
+        impl.key_cache, impl.value_cache = key_cache, value_cache
+    if key_cache is None or value_cache is None:
+        problems.append("the layer has no KV cache")
+    return problems, key_cache, value_cache
+
+
+def _uniform_decode_query_len(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> int | None:
+    if getattr(attn_metadata, "num_prefills", 0):
+        return None
+    q_len = getattr(common_attn_metadata, "max_query_len", None)
+    decode_threshold = int(getattr(builder, "decode_threshold", 1))
+    if not isinstance(q_len, int) or q_len not in (1, decode_threshold):
+        return None
+    num_tokens = int(getattr(common_attn_metadata, "num_actual_tokens", 0))
+    if num_tokens <= 0 or num_tokens % q_len:
+        return None
+    live = num_tokens // q_len  # the real requests; padded requests after them are not looked at
+    starts = _host_ints(getattr(common_attn_metadata, "query_start_loc_cpu", None), live + 1)
+    if starts is None or any(starts[i + 1] - starts[i] != q_len for i in range(live)):
+        return None
+    return q_len
+
+
+def _store(output: Any, result: Any, num_tokens: int) -> Any:
+    """Write ``result`` into ``output[:num_tokens]`` unless it already lives there; return ``output``."""
+    if output is None:
+        return result
+    if result is output:
+        return output
+    target = output if int(output.shape[0]) == num_tokens else output[:num_tokens]
+    if result.data_ptr() == target.data_ptr() and result.numel() == target.numel():
+        return output
+    target.copy_(result.reshape(target.shape))
+    return output
+
+
+class ForwardContextView:
+    """The forward context with a replaced ``attn_metadata``; every other attribute is the context's own."""
+
+    __slots__ = ("_context", "attn_metadata")
+
+    def __init__(self, context: Any, attn_metadata: Any) -> None:
+        object.__setattr__(self, "_context", context)
+        object.__setattr__(self, "attn_metadata", attn_metadata)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_context"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_context"), name, value)
+
+
+def _is_routed(metadata: Any) -> bool:
+    route = getattr(metadata, ROUTE_ATTR, None)
+    return route is not None and route.q_len is not None
+
+
+def without_routed(container: Any) -> Any:
+    """``container`` (a layer-name dict, or a list/tuple of them) without routed metadata entries (rule 6).
+
+    Returns the same object when nothing is routed, so callers can test identity.
+    """
+    if isinstance(container, dict):
+        kept = {k: v for k, v in container.items() if not _is_routed(v)}
+        return container if len(kept) == len(container) else kept
+    if isinstance(container, (list, tuple)):
+        items = [without_routed(item) for item in container]
+        if all(new is old for new, old in zip(items, container, strict=True)):
+            return container
+        return type(container)(items)
+    return container
+
+
+def _under_full_graph() -> bool:
+    try:
+        extra = importlib.import_module("vllm_ascend.ascend_forward_context")._EXTRA_CTX
+        if getattr(extra, "capturing", False):
+            return True
+    except Exception:  # no forward context set, or an older vllm-ascend layout
+        pass
+    context = _forward_context()
+    return context is not None and _enum_name(getattr(context, "cudagraph_runtime_mode", None)) == "FULL"
+
+
+def _forward_context() -> Any:
+    try:
+        module = importlib.import_module("vllm.forward_context")
+        return module.get_forward_context() if module.is_forward_context_available() else None
+    except Exception:
+        return None
+
+
+def _graph_mode(builder: Any) -> Any:
+    config = getattr(builder, "compilation_config", None)
+    if config is None:
+        config = getattr(getattr(builder, "vllm_config", None), "compilation_config", None)
+    return getattr(config, "cudagraph_mode", None)
+
+
+def _enum_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    name = getattr(value, "name", None)
+    return name if isinstance(name, str) else str(value)
+
+
+def _host_ints(values: Any, count: int) -> list[int] | None:
+    if values is None:
+        return None
+    head = values[:count]
+    items = head.tolist() if hasattr(head, "tolist") else list(head)
+    return [int(x) for x in items] if len(items) == count else None
