@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphbuf.errors import ConcurrentUseError, DeviceUnavailableError, RefreshError, UnknownDeviceError
+from graphbuf.devices import resolve_device
+from graphbuf.errors import ConcurrentUseError, RefreshError
 from graphbuf.planner import Plan, plan
 from graphbuf.refresh import (
     BoundSources,
@@ -34,9 +35,6 @@ from graphbuf.spec import GraphSpec
 
 __all__ = ["StaticBuffers", "poison_value"]
 
-_DEVICE_TYPES = ("cpu", "cuda", "npu")
-
-
 def poison_value(dtype: torch.dtype) -> int | float | bool:
     """The sentinel a poisoned slab holds: NaN for floats, the minimum for integers, True for bool."""
     if dtype.is_floating_point:
@@ -44,37 +42,6 @@ def poison_value(dtype: torch.dtype) -> int | float | bool:
     if dtype == torch.bool:
         return True
     return torch.iinfo(dtype).min
-
-
-def _device(device: Any) -> torch.device:
-    """``device`` as a torch.device present on this machine: UnknownDeviceError for a name that is not
-    cpu/cuda[:N]/npu[:N], DeviceUnavailableError for one this machine lacks."""
-    allowed = "cpu, cuda[:N], npu[:N]"
-    kind = device.type if isinstance(device, torch.device) else None
-    if isinstance(device, str):
-        kind, _, index = device.partition(":")
-        if kind not in _DEVICE_TYPES or (index and not index.isdigit()):
-            raise UnknownDeviceError(f"StaticBuffers(device={device!r}): unknown device; allowed: {allowed}")
-    if kind not in _DEVICE_TYPES:
-        raise UnknownDeviceError(f"StaticBuffers(device={device!r}): unknown device; allowed: {allowed}")
-    if kind == "npu":  # torch knows the name "npu" only once torch_npu is imported
-        try:
-            import torch_npu  # noqa: F401
-        except (ImportError, OSError, RuntimeError) as exc:
-            raise DeviceUnavailableError(
-                f"StaticBuffers(device={device!r}) needs torch_npu and an Ascend NPU; importing torch_npu "
-                f"failed: {exc!r}"
-            ) from None
-    dev = torch.device(device)
-    if dev.type == "cpu":
-        return dev
-    mod = getattr(torch, dev.type, None)
-    count = mod.device_count() if mod is not None and mod.is_available() else 0
-    if count == 0 or (dev.index is not None and dev.index >= count):
-        raise DeviceUnavailableError(
-            f"StaticBuffers(device={device!r}): this machine has {count} {dev.type} device(s)"
-        )
-    return dev
 
 
 class StaticBuffers:
@@ -110,7 +77,7 @@ class StaticBuffers:
         max_bytes: int | None = None,
         staging: int | None = None,
     ) -> None:
-        self.device = _device(device)
+        self.device = resolve_device(device, f"StaticBuffers(device={device!r})")
         if staging is None and self.device.type != "cpu":
             staging = 2
         if staging is not None and (count_of(staging) is None or staging < 1):

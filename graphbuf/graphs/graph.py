@@ -8,14 +8,14 @@ wraps ``torch.npu.NPUGraph`` (torch_npu is imported lazily); ``Graph("cpu")`` is
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from typing import Any
 
 import torch
 
-from graphbuf.errors import CaptureError, DeviceUnavailableError, UnknownDeviceError
+from graphbuf.devices import resolve_device
+from graphbuf.errors import CaptureError
 from graphbuf.graphs.emulator import Emulator
 from graphbuf.graphs.guards import capture_guards, poison
 from graphbuf.graphs.tasks import (
@@ -30,41 +30,7 @@ from graphbuf.graphs.tasks import (
 )
 from graphbuf.graphs.watch import Checked, Watch
 
-__all__ = ["DEVICE_TYPES", "Graph"]
-
-DEVICE_TYPES = ("cpu", "cuda", "npu")
-
-
-def _parse_device(device: str | torch.device) -> tuple[str, int | None]:
-    allowed = ", ".join(repr(d) for d in DEVICE_TYPES) + " (optionally with ':<index>')"
-    if isinstance(device, torch.device):
-        kind, index = device.type, device.index
-    elif isinstance(device, str):
-        kind, sep, idx = device.strip().partition(":")
-        index = int(idx) if sep and idx.isdigit() else None
-        if sep and index is None:
-            raise UnknownDeviceError(
-                f"graph device {device!r}: the index after ':' is not an integer; allowed: {allowed}"
-            )
-    else:
-        raise TypeError(f"graph device must be a str or torch.device, got {type(device).__name__}")
-    if kind not in DEVICE_TYPES:
-        raise UnknownDeviceError(f"unknown graph device {device!r}; allowed: {allowed}")
-    return kind, index
-
-
-def _import_torch_npu() -> None:
-    try:
-        importlib.import_module("torch_npu")
-    except (ImportError, OSError, RuntimeError) as exc:
-        raise DeviceUnavailableError(
-            f"Graph('npu') needs torch_npu and an Ascend NPU; importing torch_npu failed: {exc!r}"
-        ) from exc
-    npu = getattr(torch, "npu", None)
-    if npu is None or not npu.is_available():
-        raise DeviceUnavailableError(
-            "Graph('npu') needs an Ascend NPU; torch_npu imported but no NPU is visible"
-        )
+__all__ = ["Graph"]
 
 
 class _CpuPool:
@@ -239,20 +205,8 @@ class Graph:
     """
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
-        kind, index = _parse_device(device)
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise DeviceUnavailableError(
-                f"Graph({str(device)!r}) needs a CUDA device; torch.cuda.is_available() is False"
-            )
-        if kind == "npu":
-            _import_torch_npu()
-        if kind != "cpu" and index is not None:
-            count = getattr(torch, kind).device_count()
-            if index >= count:
-                raise DeviceUnavailableError(
-                    f"Graph({str(device)!r}): this machine has {count} {kind} device(s) "
-                    f"(indices 0..{count - 1})"
-                )
+        dev = resolve_device(device, f"Graph({str(device)!r})")
+        kind, index = dev.type, dev.index
         self._kind = kind
         self._index = index
         self._backend: _CpuBackend | _DeviceBackend = (
