@@ -407,20 +407,6 @@ class GraphRunner:
         self.stats.eager_reasons[reason] += 1
         return self._live_rows(self.fn(Step(live * self._tpr, views, None, host_args, live)), live)
 
-    def eager_views(self, sources: Mapping[str, Any], live: int) -> dict[str, torch.Tensor]:
-        """Sources as device tensors of the buffers' dtypes, for an eager step of ``live`` requests.
-
-        Buffers that were omitted (``keep: true``) come from the largest capture size's views.
-        """
-        views: dict[str, torch.Tensor] = {}
-        full = self.buffers.full
-        for name in self.buffers.names:
-            if name in sources:
-                views[name] = torch.as_tensor(sources[name], dtype=full[name].dtype, device=self.device)
-            else:
-                views[name] = self.buffers.view(self.buffers.capture_sizes[-1])[name]
-        return views
-
 
 def _parse_rows(output_rows: str | Sequence[str], constants: Mapping[str, Any]) -> tuple[Expr, ...]:
     if not isinstance(output_rows, (str, list, tuple)):
