@@ -17,7 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -114,16 +114,12 @@ class BoundSources:
                     "it again"
                 )
 
-    def prepare(
-        self, size: int, num_reqs: Any, widths: Any, label: str, *, strict: bool, device: torch.device
-    ) -> tuple[list[Prepared], int]:
-        """Validate the live rows and widths of every bound source at ``size`` tokens (a capture size, or
-        any count for an eager step); return them prepared and the live request count."""
+    def _live(self, size: int, n: int, widths: Any, label: str) -> Iterator[tuple[Any, str, np.ndarray]]:
+        """(slot, name, live rows × live width view) of every bound source at ``n`` requests of ``size``
+        tokens, after the moved/widths/rows checks; values are not checked here."""
         layout = self._layout
-        n = check_num_reqs(num_reqs, layout.max_requests.get(size, None), label, size)
         self.check_moved(label)
         w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
-        prepared = []
         for slot, arr, name, wide, width in self._entries:
             rows = layout.rows_at(slot, size, n)
             if rows > arr.shape[0]:
@@ -141,10 +137,21 @@ class BoundSources:
                         label,
                         f"width {w} outside the bound source's 0..{arr.shape[1]} columns",
                     )
-                live = arr[:rows, :w]
+                yield slot, name, arr[:rows, :w]
             else:
-                live = arr[:rows]
-            prepared.append(check_source(layout, name, live, size, label, strict=strict, device=device))
+                yield slot, name, arr[:rows]
+
+    def prepare(
+        self, size: int, num_reqs: Any, widths: Any, label: str, *, strict: bool, device: torch.device
+    ) -> tuple[list[Prepared], int]:
+        """Validate the live rows and widths of every bound source at ``size`` tokens (a capture size, or
+        any count for an eager step); return them prepared and the live request count."""
+        layout = self._layout
+        n = check_num_reqs(num_reqs, layout.max_requests.get(size, None), label, size)
+        prepared = [
+            check_source(layout, name, live, size, label, strict=strict, device=device)
+            for _, name, live in self._live(size, n, widths, label)
+        ]
         return prepared, n
 
     def refresh(self, size: int, num_reqs: int, *, widths: Mapping[str, int] | None = None) -> int:
@@ -156,28 +163,8 @@ class BoundSources:
         checks): what an eager step would read."""
         label = "sources()"
         n = check_num_reqs(num_reqs, None, label)
-        self.check_moved(label)
-        w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
         size = n * self._layout.tokens_per_request
-        out = {}
-        for slot, arr, name, wide, width in self._entries:
-            rows = self._layout.rows_at(slot, size, n)
-            if rows > arr.shape[0]:
-                raise self._layout.fail(
-                    RowsError, name, label,
-                    f"{n} requests need {rows} rows (rows = {slot.plan.rows.text}); the bound source has "
-                    f"{arr.shape[0]}",
-                )  # fmt: skip
-            w = w_of.get(name, width)
-            if wide and not 0 <= w <= arr.shape[1]:
-                raise self._layout.fail(
-                    RefreshError,
-                    name,
-                    label,
-                    f"width {w} outside the bound source's 0..{arr.shape[1]} columns",
-                )
-            out[name] = arr[:rows, :w] if wide else arr[:rows]
-        return out
+        return {name: live for _, name, live in self._live(size, n, widths, label)}
 
     def __repr__(self) -> str:
         return f"BoundSources({', '.join(self.names)})"
