@@ -8,16 +8,19 @@ count.
 * Decode (one token per request) is an :data:`~graphbuf.TaskKind.ATTENTION` task whose KV lengths are a
   host list (``seq_lens_kv``), as Ascend's fused infer attention takes ``actual_seq_lengths_kv``. The graph
   bakes the list; :meth:`LargeHeadBinding.host_args` gives the fresh one and the runner re-issues the task
-  before replay. On an NPU the task is the real kernel; on cpu the software kernel reads the baked list, so a
-  task that is not re-issued replays stale lengths exactly as the device would. CUDA graphs cannot re-issue
-  a task, so on cuda decode reads the device lengths instead.
+  before replay. On an NPU the task is exactly one ``npu_fused_infer_attention_score.out`` (its buffers and
+  the block-table sanitising are ordinary captured kernels around it); on cpu the software kernel reads the
+  baked list, so a task that is not re-issued replays stale lengths exactly as the device would. CUDA graphs
+  cannot re-issue a task, so on cuda decode reads the device lengths instead.
 * Verify (``q_len = 1 + num_speculative_tokens`` tokens per request) is a
   :data:`~graphbuf.TaskKind.SPEC_VERIFY_ATTENTION` task with no host arguments: the causal mask is built
-  on the device from the ``seq_lens`` buffer, whose address never changes.
+  on the device from the ``seq_lens`` buffer, whose address never changes. With nothing to re-issue, an NPU
+  graph captures it as ordinary kernels (no task group).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -54,13 +57,6 @@ def _decode_kernel(
 ) -> None:
     if query.device.type == "cuda":  # no task re-issue on cuda: read the device lengths
         out.copy_(decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale))
-        return
-    if kernels.uses_npu_kernels(query):
-        out.copy_(
-            decode_attention(
-                query, key_cache, value_cache, block_table, seq_lens, scale, seq_lens_host=seq_lens_kv
-            )
-        )
         return
     # Software stand-in with the NPU kernel's contract: KV lengths come from the host list, baked at capture.
     # Each length is a kernel argument (a fill), as in the NPU task; no host tensor is built inside capture.
@@ -137,11 +133,46 @@ class LargeHeadBinding:
         bt = self.block_table(step.views)
         lens = step.views["seq_lens"]
         b = bt.shape[0]
+        if kernels.uses_npu_kernels(query):
+            return self._decode_npu(step, query[:b], key_cache, value_cache, bt, lens, out[:b])
         step.task(
             TaskKind.ATTENTION, _decode_kernel, query[:b], key_cache, value_cache, bt, lens, out[:b],
             scale=self.scale, seq_lens_kv=[0] * b,
         )  # fmt: skip
         return out[:b]
+
+    def _decode_npu(
+        self,
+        step: Step,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """NPU decode: sanitising, buffers and the copy into ``out`` are ordinary captured kernels; the task
+        (re-issued with fresh ``seq_lens_kv``) is the one FIA ``.out`` call."""
+
+        def issue(fn: Any, *tensors: torch.Tensor, seq_lens_kv: list[int], scale: float) -> object:
+            return step.task(TaskKind.ATTENTION, fn, *tensors, seq_lens_kv=seq_lens_kv, scale=scale)
+
+        b = block_table.shape[0]
+        # The lengths here only fix the list's form; step.task takes the step's own ATTENTION host arguments.
+        lens = [int(n) for n in step.host_args.get(TaskKind.ATTENTION.value, {}).get("seq_lens_kv", [0] * b)]
+        out.copy_(
+            decode_attention(
+                query,
+                key_cache,
+                value_cache,
+                block_table,
+                seq_lens,
+                self.scale,
+                seq_lens_host=lens,
+                issue=issue,
+            )
+        )
+        return out
 
     def verify(
         self,
@@ -155,11 +186,14 @@ class LargeHeadBinding:
         bt = self.block_table(step.views)
         lens = step.views["seq_lens"]
         rows = bt.shape[0] * self.q_len
-        step.task(
-            TaskKind.SPEC_VERIFY_ATTENTION, _verify_kernel, query[:rows], key_cache, value_cache, bt, lens,
-            out[:rows], q_len=self.q_len, scale=self.scale, mode=self.verify_mode,
+        # Its settings are bound into the function, not host arguments: nothing here is re-issued.
+        kernel = functools.partial(
+            _verify_kernel, q_len=self.q_len, scale=self.scale, mode=self.verify_mode,
             chunk_blocks=self.chunk_blocks,
         )  # fmt: skip
+        step.task(
+            TaskKind.SPEC_VERIFY_ATTENTION, kernel, query[:rows], key_cache, value_cache, bt, lens, out[:rows]
+        )
         return out[:rows]
 
     @staticmethod

@@ -1,20 +1,37 @@
 """Kernel boundary of the large-head attention path.
 
-Two kernels stand behind this module, each with one contract on every device:
+Which op runs where (torch_npu 2.10.0.post4 / 2.14.0; every op captured into an NPU graph is one torch_npu
+documents as graph-capable):
+
+=====================================  =====================================  ==============================
+caller                                 NPU op                                 elsewhere
+=====================================  =====================================  ==============================
+verify, decode with device lengths     ``npu_fusion_attention_v3`` (BNSD,     ``graphbuf::masked_attention_
+(dense gather path; routed attention)  B1SS bool mask, sparse_mode 0):        bnsd`` (software custom op)
+                                       ordinary captured kernel
+blockwise verify / decode              none: plain tensor ops                 the same tensor ops
+decode with host KV lengths            ``npu_fused_infer_attention_score      the software path (gather,
+(:func:`paged_decode_bnsd`, the        .out`` (BNSD query, paged KV): the     mask) reading the host list
+decode task)                           only op of its task group
+=====================================  =====================================  ==============================
+
+Not used anywhere: ``npu_fusion_attention`` (documented unsupported in graph mode and aclgraph; with
+``sync=False`` a capture cannot join the stream it waits on) and FIA's allocating form under capture (its
+internal workspace is sized for the captured KV lengths).
 
 ``masked_attention_bnsd(query, key, value, hidden_mask, scale)``
     Dense attention in BNSD layout with an explicit boolean mask. ``query`` is ``[B, Nq, S, D]``, ``key``
     and ``value`` are ``[B, Nkv, L, D]`` with ``Nq % Nkv == 0`` (query head ``h`` reads KV head
     ``h // (Nq // Nkv)``), ``hidden_mask`` is ``[B, 1, S, L]`` bool where True hides the key from the query.
-    Returns ``[B, Nq, S, D]`` in the query dtype. On an NPU this is ``torch_npu.npu_fusion_attention``
-    (BNSD, ``atten_mask`` B1SS, ``sparse_mode=0``); elsewhere it is the software op
-    ``graphbuf::masked_attention_bnsd``, which accumulates in float32 and returns zeros for a query whose
-    keys are all hidden (callers never rely on that: the NPU kernel leaves such rows undefined).
+    Returns ``[B, Nq, S, D]`` in the query dtype. The software op accumulates in float32 and returns zeros
+    for a query whose keys are all hidden (callers never rely on that: the NPU kernel leaves such rows
+    undefined).
 
 ``paged_decode_bnsd(query, key_cache, value_cache, block_table, seq_lens_host, ...)``
-    Single-token paged decode: ``torch_npu.npu_fused_infer_attention_score`` with ``input_layout="BNSD"``,
-    a block table and KV lengths given as a HOST list (the kernel bakes them into a captured task; only a task
-    update changes them). NPU only; the software path of the callers gathers and masks instead.
+    Single-token paged decode with KV lengths given as a HOST list (a captured task bakes them; only a task
+    update changes them). In a graph the task group holds exactly :func:`paged_decode_out`, with output,
+    softmax lse and workspace from :func:`paged_decode_buffers` allocated before the group (so from the
+    graph's pool), the workspace sized for the longest KV length the block table allows. NPU only.
 
 torch_npu is imported lazily and only once; a missing or broken install (ImportError, OSError, RuntimeError)
 means "no NPU" and never an import error of this module.
@@ -35,7 +52,8 @@ __all__ = [
     "npu_available",
     "npu_runtime",
     "paged_decode_bnsd",
-    "paged_decode_workspace",
+    "paged_decode_buffers",
+    "paged_decode_out",
     "uses_npu_kernels",
 ]
 
@@ -164,7 +182,7 @@ def masked_attention_bnsd(
     num_heads, _ = _check_bnsd(query, key, value, hidden_mask)
     if uses_npu_kernels(query):
         torch_npu = _require_npu("masked_attention_bnsd on an NPU tensor")
-        return torch_npu.npu_fusion_attention(
+        return torch_npu.npu_fusion_attention_v3(
             query,
             key,
             value,
@@ -208,6 +226,54 @@ def _paged_decode_kwargs(
     }
 
 
+def paged_decode_buffers(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, workspace, softmax_lse)`` for :func:`paged_decode_out` over these shapes: output and lse by
+    the op's own shape rule, the workspace sized for every request at the longest KV length the block table
+    allows (``W * block_size``), so any later update fits. Allocate them before the task group (inside a
+    capture they come from the graph's pool) and keep them alive as long as the graph."""
+    torch_npu = _require_npu("paged_decode_buffers")
+    longest = [int(block_table.shape[1]) * int(key_cache.shape[1])] * int(query.shape[0])
+    kwargs = _paged_decode_kwargs(query, key_cache, value_cache, block_table, longest, scale)
+    workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(**kwargs)
+    out, softmax_lse = torch_npu._npu_fused_infer_attention_score_infer_output(
+        kwargs["query"],
+        kwargs["value"],
+        input_layout="BNSD",
+        block_table=block_table,
+        num_heads=kwargs["num_heads"],
+        num_key_value_heads=kwargs["num_key_value_heads"],
+        softmax_lse_flag=False,
+    )
+    return out, workspace, softmax_lse
+
+
+def paged_decode_out(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    out: torch.Tensor,
+    workspace: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    *,
+    seq_lens_kv: Sequence[int],
+    scale: float,
+) -> None:
+    """The task body: exactly one ``npu_fused_infer_attention_score.out`` writing ``out``; nothing else runs,
+    nothing is allocated. Argument order is the task's (tensors, then host ``seq_lens_kv`` and ``scale``), so
+    ``Graph.task(kind, paged_decode_out, *tensors, seq_lens_kv=..., scale=...)`` captures it and
+    ``update(seq_lens_kv=...)`` re-issues it."""
+    torch_npu = _require_npu("paged_decode_out")
+    kwargs = _paged_decode_kwargs(query, key_cache, value_cache, block_table, seq_lens_kv, scale)
+    torch_npu.npu_fused_infer_attention_score.out(workspace=workspace, out=[out, softmax_lse], **kwargs)
+
+
 def paged_decode_bnsd(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -222,34 +288,24 @@ def paged_decode_bnsd(
 ) -> torch.Tensor:
     """NPU paged decode: ``query`` ``[B, Nq, 1, D]``, caches ``[num_blocks, block_size, Nkv, D]``,
     ``block_table`` ``[B, W]`` int32 (ids must be in range: the kernel does not check them),
-    ``seq_lens_host`` B host ints.
+    ``seq_lens_host`` B host ints. Returns ``[B, Nq, 1, D]``.
 
-    Returns ``[B, Nq, 1, D]``. With ``out`` the kernel writes into ``out`` (the form a graph task update
-    re-issues with fresh ``seq_lens_host``); a captured task keeps the addresses of ``out``, ``workspace``
-    (from :func:`paged_decode_workspace`) and ``softmax_lse`` (1 element of the query dtype), so pass all
-    three and keep them alive as long as the graph.
+    Without ``out`` the three buffers come from :func:`paged_decode_buffers` (an eager convenience). With
+    ``out``, ``workspace`` and ``softmax_lse`` are required: ValueError otherwise (the op would silently
+    allocate them inside the task, memory a task update then points at after it was freed).
     """
-    torch_npu = _require_npu("paged_decode_bnsd")
-    kwargs = _paged_decode_kwargs(query, key_cache, value_cache, block_table, seq_lens_host, scale)
     if out is None:
-        return torch_npu.npu_fused_infer_attention_score(**kwargs)[0]
-    if workspace is None:
-        workspace = paged_decode_workspace(query, key_cache, value_cache, block_table, seq_lens_host, scale)
-    if softmax_lse is None:
-        softmax_lse = torch.empty(1, dtype=query.dtype, device=query.device)
-    torch_npu.npu_fused_infer_attention_score.out(workspace=workspace, out=[out, softmax_lse], **kwargs)
+        if workspace is not None or softmax_lse is not None:
+            raise ValueError("paged_decode_bnsd: workspace / softmax_lse given without out; pass all three")
+        out, workspace, softmax_lse = paged_decode_buffers(query, key_cache, value_cache, block_table, scale)
+    elif workspace is None or softmax_lse is None:
+        missing = [n for n, t in (("workspace", workspace), ("softmax_lse", softmax_lse)) if t is None]
+        raise ValueError(
+            f"paged_decode_bnsd: out= given without {' and '.join(missing)}; the .out form needs all of out, "
+            "workspace and softmax_lse preallocated (paged_decode_buffers), never allocated inside the call"
+        )
+    paged_decode_out(
+        query, key_cache, value_cache, block_table, out, workspace, softmax_lse,
+        seq_lens_kv=seq_lens_host, scale=scale,
+    )  # fmt: skip
     return out
-
-
-def paged_decode_workspace(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens_host: Sequence[int],
-    scale: float,
-) -> torch.Tensor:
-    """The kernel's maximal workspace for these shapes (allocate once before capture, keep it alive)."""
-    torch_npu = _require_npu("paged_decode_workspace")
-    kwargs = _paged_decode_kwargs(query, key_cache, value_cache, block_table, seq_lens_host, scale)
-    return torch_npu._npu_fused_infer_attention_score_get_max_workspace(**kwargs)

@@ -22,7 +22,7 @@ tensor ops everywhere (float32 online softmax), so its workspace is bounded by `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -30,6 +30,7 @@ from . import kernels
 
 __all__ = [
     "DEFAULT_CHUNK_BLOCKS",
+    "IssueTask",
     "decode_attention",
     "gather_kv_bnsd",
     "hidden_mask",
@@ -42,6 +43,10 @@ __all__ = [
 DEFAULT_CHUNK_BLOCKS = 2
 """Blocks per chunk of the blockwise path: 256 keys at block size 128, which bounds the bf16 workspace of the
 Gemma4 verify at 1/8 of the dense gather's (8.07× less at capture size 48)."""
+
+IssueTask = Callable[..., object]
+"""How decode issues its one re-issuable kernel call: ``issue(fn, *tensors, **host_args)`` (e.g. ``Step.task``
+bound to a task kind)."""
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -318,6 +323,7 @@ def decode_attention(
     *,
     seq_lens_host: Sequence[int] | None = None,
     chunk_blocks: int | None = None,
+    issue: IssueTask | None = None,
 ) -> torch.Tensor:
     """Single-token decode attention: ``query`` ``[B, Nq, D]`` -> ``[B, Nq, D]``.
 
@@ -326,7 +332,10 @@ def decode_attention(
     * NPU, float16/bfloat16, ``seq_lens_host`` given, ``chunk_blocks`` None: the paged fused-infer kernel
       reads the cache through the (sanitized) block table; KV lengths come from ``seq_lens_host``, a host
       sequence of B ints that must equal ``seq_lens``. A captured graph bakes them: re-issue the task with
-      fresh lengths.
+      fresh lengths. Block-table sanitising, the output buffers and the zeroing of rows that see no key run
+      as ordinary kernels around one call ``issue(kernels.paged_decode_out, *tensors, seq_lens_kv=...,
+      scale=...)`` (default: a plain call; the binding passes ``Step.task`` so that call, and only it, is the
+      captured task group).
     * ``chunk_blocks`` given: the blockwise path of :func:`verify_attention_blockwise` with ``q_len == 1``.
     * Otherwise: the dense gather path of :func:`verify_attention` with ``q_len == 1``, device lengths.
     """
@@ -343,7 +352,7 @@ def decode_attention(
                 f"{fn}: seq_lens_host must hold B={batch} ints in [0, W * block_size={capacity}], got {lens}"
             )
         if kernels.uses_npu_kernels(query) and query.dtype != torch.float32:
-            return _paged_decode_npu(query, key_cache, value_cache, block_table, seq_lens, lens, scale)
+            return _paged_decode_npu(query, key_cache, value_cache, block_table, seq_lens, lens, scale, issue)
     return _dense(query, key_cache, value_cache, block_table, seq_lens, 1, scale, batch)
 
 
@@ -355,13 +364,22 @@ def _paged_decode_npu(
     seq_lens: torch.Tensor,
     seq_lens_host: list[int],
     scale: float,
+    issue: IssueTask | None,
 ) -> torch.Tensor:
     num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
     ids = sanitize_block_table(block_table, seq_lens, num_blocks, block_size)
-    out = kernels.paged_decode_bnsd(
-        query.unsqueeze(2).contiguous(), key_cache, value_cache, ids, seq_lens_host, float(scale)
-    )
+    q_bnsd = query.unsqueeze(2).contiguous()  # copies only a strided query; outside the task group
+    out, workspace, lse = kernels.paged_decode_buffers(q_bnsd, key_cache, value_cache, ids, float(scale))
+    run = _call if issue is None else issue
+    run(
+        kernels.paged_decode_out, q_bnsd, key_cache, value_cache, ids, out, workspace, lse,
+        seq_lens_kv=seq_lens_host, scale=float(scale),
+    )  # fmt: skip
     return _to_tokens(out, _last_visible(seq_lens, 1) >= 0)
+
+
+def _call(fn: Callable[..., object], *tensors: torch.Tensor, **host: object) -> object:
+    return fn(*tensors, **host)
 
 
 # --- workspace ----------------------------------------------------------------------------------------------

@@ -143,8 +143,11 @@ class _DeviceBackend:
             self.watch.check("replay")
         if self.kind == "npu":
             states = [t.handle for t in tasks if isinstance(t.handle, NpuTaskState)]
-            if states:
-                npu_arm_events(states, self._update_stream())
+            with self._on_device():
+                if states:
+                    npu_arm_events(states, self._update_stream())
+                self.graph.replay()
+            return
         self.graph.replay()
 
     def pool(self) -> object:
@@ -160,15 +163,24 @@ class _DeviceBackend:
             self.graph = None
         self.watch = Watch()
 
+    def _on_device(self) -> Any:
+        """Context making this graph's device current (streams and events must belong to it)."""
+        return self.module.device(self.index) if self.index is not None else nullcontext()
+
     def _update_stream(self) -> Any:
+        """The side stream task updates run on, created on this graph's device (the one its events are on)."""
         if self.update_stream is None:
-            self.update_stream = self.module.Stream()
+            with self._on_device():
+                self.update_stream = self.module.Stream()
         return self.update_stream
 
     def capture_task(
         self, kind: TaskKind, fn: Callable[..., object], tensor_args: tuple[torch.Tensor, ...], host: dict
     ) -> object:
         if self.kind == "npu":
+            if not host:  # nothing to re-issue: ordinary captured kernels, no task group
+                fn(*tensor_args)
+                return None
             return npu_capture_task(fn, tensor_args, thaw_host_args(host))
         if host:
             raise CaptureError(
@@ -186,7 +198,12 @@ class _DeviceBackend:
                 "arguments; its host values stay baked in. Pass values that change per replay as device "
                 "tensors (refreshed in place before replay) or capture one graph per value."
             )
-        npu_update_task(task.handle, task.fn, task.tensor_args, thaw_host_args(host), self._update_stream())  # type: ignore[arg-type]
+        if task.handle is None:  # captured without host arguments: nothing baked, nothing to re-issue
+            return
+        with self._on_device():
+            npu_update_task(
+                task.handle, task.fn, task.tensor_args, thaw_host_args(host), self._update_stream()
+            )  # type: ignore[arg-type]
 
 
 class Graph:

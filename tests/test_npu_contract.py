@@ -1,0 +1,309 @@
+"""graphbuf's NPU code paths against a torch_npu stand-in that enforces torch_npu's graph rules (CPU, CI).
+
+The stand-in (``tests/npu_contract_standin.py``) computes the ops graphbuf calls and refuses what torch_npu
+documents as not allowed. Each test named ``test_finding_*`` encodes one finding of issue 14's "Why" list
+and failed against main before the fix (see notes/h4.md); the ``test_standin_*`` tests show the stand-in
+refuses what it must, so a passing contract test means something.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import npu_contract_standin as standin
+import pytest
+import torch
+from attention_cases import BLOCK, BLOCKS, HEAD_DIM, TOL, WIDTH, make_case, sdpa_reference
+
+from graphbuf.adapters.vllm_ascend import kernels
+from graphbuf.adapters.vllm_ascend import large_head as lh
+from graphbuf.adapters.vllm_ascend.binding import LargeHeadBinding
+from graphbuf.graphs.graph import Graph
+from graphbuf.graphs.runner import Step
+from graphbuf.graphs.tasks import TaskKind
+
+ContractError = standin.ContractError
+SCALE = 1.0 / math.sqrt(HEAD_DIM)
+DTYPE = torch.bfloat16
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def npu(monkeypatch):
+    """The stand-in installed as torch_npu / torch.npu with 2 NPUs; graphbuf's NPU kernels selected."""
+    standin.install(devices=2)
+    kernels.npu_runtime.cache_clear()
+    monkeypatch.setattr(kernels, "uses_npu_kernels", lambda tensor: True)
+    try:
+        yield standin.STATE
+    finally:
+        standin.uninstall()
+        kernels.npu_runtime.cache_clear()
+
+
+def _copy_case(static, lens, q_len, seed):
+    for dst, src in zip(static, make_case(lens, q_len, DTYPE, seed, "cpu"), strict=True):
+        dst.copy_(src)
+
+
+def _distinct_lengths(batch: int, seed: int) -> list[int]:
+    """``batch`` distinct KV lengths, each >= 100 and within the block table."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randperm(WIDTH * BLOCK - 100, generator=g)[:batch] + 100).tolist()
+
+
+def _binding_step(graph: Graph | None, views, host=None) -> Step:
+    return Step(size=views["seq_lens"].shape[0], views=views, graph=graph, host_args=host or {}, requests=0)
+
+
+# --- finding 1: npu_fusion_attention captured inside ACL graphs ---------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["verify", "decode_device_lengths"])
+def test_finding_1_masked_attention_is_graph_capable(npu, path):
+    q_len = 4 if path == "verify" else 1
+    static = make_case([300, 5, 129], q_len, DTYPE, 1, "cpu")
+    graph = Graph("npu")
+    with torch.no_grad(), graph.capture():
+        if path == "verify":
+            out = lh.verify_attention(*static, q_len, SCALE)
+        else:
+            out = lh.decode_attention(*static, SCALE)  # the routed decode: device lengths
+    for seed, lens in ((2, [512, 1, 385]), (3, [130, 257, 4])):
+        _copy_case(static, lens, q_len, seed)
+        graph.replay()
+        torch.testing.assert_close(out.float(), sdpa_reference(*static, q_len, SCALE), **TOL)
+
+
+def test_finding_1_verify_task_through_binding(npu):
+    query, kc, vc, table, lens = make_case([300, 5, 129], 3, DTYPE, 4, "cpu")
+    out = torch.zeros_like(query)
+    binding = LargeHeadBinding(group=None, q_len=3, head_dim=HEAD_DIM)
+    views = {"block_table": table, "seq_lens": lens}
+    graph = Graph("npu")
+    with torch.no_grad(), graph.capture():
+        binding.verify(_binding_step(graph, views), query, kc, vc, out)
+    assert npu.groups == []  # no host arguments: nothing to re-issue, so no task group
+    _copy_case((query, kc, vc, table, lens), [200, 512, 3], 3, 5)
+    graph.replay()
+    torch.testing.assert_close(out.float(), sdpa_reference(query, kc, vc, table, lens, 3, SCALE), **TOL)
+
+
+# --- finding 2: the decode task group holds far more than one op --------------------------------------------
+
+
+def _capture_decode(npu, start_lens, seed=6):
+    query, kc, vc, table, lens = make_case(start_lens, 1, DTYPE, seed, "cpu")
+    out = torch.zeros_like(query)
+    binding = LargeHeadBinding(group=None, q_len=1, head_dim=HEAD_DIM)
+    views = {"block_table": table, "seq_lens": lens}
+    graph = Graph("npu")
+    host = {TaskKind.ATTENTION.value: {"seq_lens_kv": list(start_lens)}}
+    with torch.no_grad(), graph.capture():
+        binding.decode(_binding_step(graph, views, host), query, kc, vc, out)
+    return graph, (query, kc, vc, table, lens), out
+
+
+def test_finding_2_decode_task_group_is_one_out_op_with_preallocated_buffers(npu):
+    graph, _, _ = _capture_decode(npu, [300, 5, 129])
+    assert len(graph.tasks) == 1
+    assert [[c.name for c in g.calls] for g in npu.groups] == [["npu_fused_infer_attention_score.out"]]
+    call = npu.groups[0].calls[0]
+    assert call.kwargs["workspace"] is not None and len(call.kwargs["out"]) == 2
+    assert npu.group_allocations == 0
+
+
+def test_finding_2_workspace_sized_for_longest_kv_the_table_allows(npu):
+    graph, static, out = _capture_decode(npu, [0, 0, 0])  # the binding's default capture lengths
+    longest = [WIDTH * BLOCK, WIDTH * BLOCK - 1, 1]
+    _copy_case(static, longest, 1, 7)
+    graph.update_tasks(TaskKind.ATTENTION, seq_lens_kv=longest, scale=SCALE)
+    graph.replay()
+    torch.testing.assert_close(out.float(), sdpa_reference(*static, 1, SCALE), **TOL)
+    assert npu.group_allocations == 0
+
+
+# --- finding 3: an update whose output must change ----------------------------------------------------------
+
+
+def test_finding_3_update_changes_output_at_distinct_lengths(npu):
+    first, second = _distinct_lengths(4, 1), _distinct_lengths(4, 2)
+    assert len(set(first + second)) == 8 and min(first + second) >= 100
+    graph, static, out = _capture_decode(npu, first)
+    _copy_case(static, first, 1, 8)
+    graph.replay()
+    at_first = out.float().clone()
+    torch.testing.assert_close(at_first, sdpa_reference(*static, 1, SCALE), **TOL)
+    # Same seed: same query and caches; the lengths (and the table rows they need) change.
+    _copy_case(static, second, 1, 8)
+    graph.update_tasks(TaskKind.ATTENTION, seq_lens_kv=second, scale=SCALE)
+    graph.replay()
+    torch.testing.assert_close(out.float(), sdpa_reference(*static, 1, SCALE), **TOL)
+    assert not torch.allclose(out.float(), at_first, **TOL)
+
+
+def test_finding_3_stale_lengths_without_update_are_visible(npu):
+    first, second = _distinct_lengths(3, 3), _distinct_lengths(3, 4)
+    graph, static, out = _capture_decode(npu, first)
+    _copy_case(static, second, 1, 9)
+    graph.replay()  # no update: the task still runs with the captured lengths
+    assert not torch.allclose(out.float(), sdpa_reference(*static, 1, SCALE), **TOL)
+
+
+# --- finding 4: update -> replay back to back ---------------------------------------------------------------
+
+
+def test_finding_4_update_replay_loop_matches_eager_every_step(npu):
+    graph, static, out = _capture_decode(npu, _distinct_lengths(4, 10))
+    for step in range(6):
+        lens = _distinct_lengths(4, 20 + step)
+        _copy_case(static, lens, 1, 30 + step)
+        graph.update_tasks(TaskKind.ATTENTION, seq_lens_kv=lens, scale=SCALE)
+        graph.replay()
+        eager = lh.decode_attention(*static, SCALE, seq_lens_host=lens)
+        torch.testing.assert_close(out, eager, rtol=0, atol=0)
+        torch.testing.assert_close(out.float(), sdpa_reference(*static, 1, SCALE), **TOL)
+        if step % 2:
+            graph.replay()  # a replay without an update re-arms the event and keeps the last lengths
+            torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    waits = [e for e in npu.log if e[0] == "wait_stream"]
+    assert len(waits) >= 6  # every update and every re-arm first waits for the replaying stream
+
+
+# --- finding 5: devices and versions ------------------------------------------------------------------------
+
+
+def _fia_out(query, kc, vc, table, out, workspace, lse, *, seq_lens_kv, scale):
+    kernels.npu_runtime().npu_fused_infer_attention_score.out(
+        query, kc.view(BLOCKS, BLOCK, -1), vc.view(BLOCKS, BLOCK, -1), workspace=workspace, out=[out, lse],
+        block_table=table, actual_seq_lengths_kv=seq_lens_kv, num_heads=query.shape[1],
+        num_key_value_heads=kc.shape[2], scale=scale, input_layout="BNSD", block_size=BLOCK, sparse_mode=0,
+    )  # fmt: skip
+
+
+def _one_op_task(graph: Graph, static, lengths: list[int]):
+    """A task of exactly one FIA .out, its buffers allocated in the capture before the group."""
+    query, kc, vc, table, _ = static
+    q = query.unsqueeze(2)
+    longest = [WIDTH * BLOCK] * q.shape[0]
+    workspace = kernels.npu_runtime()._npu_fused_infer_attention_score_get_max_workspace(
+        q, kc, vc, actual_seq_lengths_kv=longest
+    )
+    out, lse = torch.empty_like(q), torch.empty(0, dtype=torch.float32)
+    return graph.task(
+        "paged_attention", _fia_out, q, kc, vc, table, out, workspace, lse, seq_lens_kv=lengths, scale=SCALE
+    )
+
+
+def test_finding_5_update_stream_on_the_graphs_device(npu):
+    static = make_case([300, 5], 1, DTYPE, 11, "cpu")
+    static[3].copy_(lh.sanitize_block_table(static[3], static[4], BLOCKS, BLOCK))
+    graph = Graph("npu:1")  # the current device stays 0
+    with torch.no_grad(), graph.capture():
+        task = _one_op_task(graph, static, [300, 5])
+    task.update(seq_lens_kv=[200, 100], scale=SCALE)
+    graph.replay()
+    assert npu.updates == 1
+
+
+def test_finding_5_out_call_without_workspace_or_lse_is_an_error(npu):
+    query, kc, vc, table, lens = make_case([300, 5], 1, DTYPE, 12, "cpu")
+    ids = lh.sanitize_block_table(table, lens, BLOCKS, BLOCK)
+    q = query.unsqueeze(2)
+    out = torch.empty_like(q)
+    with pytest.raises(ValueError, match="workspace"):
+        kernels.paged_decode_bnsd(q, kc, vc, ids, [300, 5], SCALE, out=out)
+    workspace = kernels.npu_runtime()._npu_fused_infer_attention_score_get_max_workspace(
+        q, kc, vc, actual_seq_lengths_kv=[WIDTH * BLOCK] * 2
+    )
+    with pytest.raises(ValueError, match="softmax_lse"):
+        kernels.paged_decode_bnsd(q, kc, vc, ids, [300, 5], SCALE, out=out, workspace=workspace)
+
+
+def test_finding_5_npu_extra_and_readme_state_one_pair_per_vllm_ascend_line():
+    lines = (ROOT / "pyproject.toml").read_text().splitlines()
+    (extra,) = [ln for ln in lines if ln.startswith("npu = [")]
+    pins = {}
+    for req in ast.literal_eval(extra.partition("=")[2].strip()):
+        name, sep, version = req.replace(" ", "").partition("==")
+        assert sep, f"npu extra entry {req!r} must pin one version with =="
+        pins[name.lower()] = version
+    assert set(pins) == {"torch", "torch-npu"}, pins
+    # torch-npu X.Y.Z[.postN] is built for torch X.Y.Z: the pair must agree.
+    assert pins["torch-npu"].split(".post")[0] == pins["torch"], pins
+    assert pins == {"torch": "2.10.0", "torch-npu": "2.10.0.post4"}  # vllm-ascend 0.23's pin
+    readme = (ROOT / "README.md").read_text()
+    assert "vllm-ascend 0.23" in readme and "torch 2.10.0" in readme and "torch-npu 2.10.0.post4" in readme
+
+
+# --- the stand-in refuses what it must ----------------------------------------------------------------------
+
+
+def test_standin_refuses_not_graph_capable_op_under_capture(npu):
+    q = torch.randn(1, 2, 4, 8)
+    torch_npu = kernels.npu_runtime()
+    torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD")  # eager: allowed
+    graph = Graph("npu")
+    with pytest.raises(ContractError, match="not-graph-capable"), graph.capture():
+        torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD")
+    assert not graph.captured
+
+
+def test_standin_counts_and_refuses_allocations_in_a_task_group(npu):
+    x = torch.randn(4)
+    graph = Graph("npu")
+    with pytest.raises(ContractError, match="task-group"), graph.capture():
+        graph.task("custom", lambda t, *, n: t * n, x, n=2)  # t * n allocates inside the group
+    assert npu.group_allocations == 1
+
+
+def test_standin_refuses_update_on_the_capture_stream_and_foreign_tensors(npu):
+    static = make_case([300, 5], 1, DTYPE, 13, "cpu")
+    static[3].copy_(lh.sanitize_block_table(static[3], static[4], BLOCKS, BLOCK))
+    graph = Graph("npu")
+    with torch.no_grad(), graph.capture():
+        task = _one_op_task(graph, static, [300, 5])
+        capture_stream = torch.npu.current_stream()
+    with pytest.raises(ContractError, match="update-stream"):
+        torch.npu.graph_task_update_begin(capture_stream, task.handle.handle)
+    torch_npu = kernels.npu_runtime()
+    other_out = torch.empty_like(task.tensor_args[4])
+    side = torch.npu.Stream()
+    with torch.npu.stream(side), pytest.raises(ContractError, match="other tensor arguments"):
+        torch.npu.graph_task_update_begin(side, task.handle.handle)
+        query, kc, vc, table = task.tensor_args[:4]
+        torch_npu.npu_fused_infer_attention_score.out(
+            query, kc.view(BLOCKS, BLOCK, -1), vc.view(BLOCKS, BLOCK, -1), workspace=task.tensor_args[5],
+            out=[other_out, task.tensor_args[6]], block_table=table, actual_seq_lengths_kv=[1, 1],
+            num_heads=query.shape[1], num_key_value_heads=kc.shape[2], scale=SCALE, input_layout="BNSD",
+            block_size=BLOCK, sparse_mode=0,
+        )  # fmt: skip
+        torch.npu.graph_task_update_end(side)
+
+
+def test_standin_refuses_replay_of_an_unrecorded_event_and_mismatched_devices(npu):
+    event = torch.npu.ExternalEvent()  # device 0
+    with torch.npu.device(1), pytest.raises(ContractError, match="device"):
+        event.record(torch.npu.Stream())
+    graph = torch.npu.NPUGraph()
+    with torch.npu.graph(graph):
+        event.wait(torch.npu.current_stream())
+    with pytest.raises(ContractError, match="event"):
+        graph.replay()
+    event.record(torch.npu.current_stream())
+    graph.replay()
+
+
+def test_standin_workspace_too_small_for_longer_lengths_is_refused(npu):
+    query, kc, vc, table, lens = make_case([300, 5], 1, DTYPE, 14, "cpu")
+    ids = lh.sanitize_block_table(table, lens, BLOCKS, BLOCK)
+    q = query.unsqueeze(2)
+    torch_npu = kernels.npu_runtime()
+    small = torch_npu._npu_fused_infer_attention_score_get_max_workspace(
+        q, kc, vc, actual_seq_lengths_kv=[0, 0]
+    )
+    out, lse = torch.empty_like(q), torch.empty(0, dtype=torch.float32)
+    with pytest.raises(ContractError, match="workspace"):
+        kernels.paged_decode_bnsd(q, kc, vc, ids, [300, 5], SCALE, out=out, workspace=small, softmax_lse=lse)
