@@ -1,11 +1,17 @@
-"""Graph("npu"): torch.npu.NPUGraph and NPU task groups. Skipped without torch_npu and an Ascend NPU."""
+"""Graph("npu"): torch.npu.NPUGraph and NPU task groups. Skipped without torch_npu and an Ascend NPU.
+
+The task tests use graphbuf's paged decode (one FIA ``.out`` per task group) with distinct KV lengths >= 100,
+checked against an independent reference at the captured and the updated lengths, so a task update that does
+not reach the device fails them."""
 
 from __future__ import annotations
 
 import importlib
+import math
 
 import pytest
 import torch
+from attention_cases import BLOCK, BLOCKS, HEAD_DIM, TOL, WIDTH, make_case, sdpa_reference
 
 from graphbuf.errors import DeviceUnavailableError
 from graphbuf.graphs.graph import Graph
@@ -23,6 +29,7 @@ def _npu_ready() -> bool:
 NPU = _npu_ready()
 needs_npu = pytest.mark.skipif(not NPU, reason="needs torch_npu and an Ascend NPU")
 pytestmark = pytest.mark.npu
+SCALE = 1.0 / math.sqrt(HEAD_DIM)
 
 
 @pytest.mark.skipif(NPU, reason="checks the error raised without an NPU")
@@ -43,89 +50,99 @@ def test_capture_replay_sees_inplace_input_update() -> None:
     assert torch.equal(y.cpu(), torch.full((8,), 7.0))
 
 
-def _fia_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    torch.manual_seed(0)
-    shape = (1, 32, 1, 128)
-    return tuple(torch.randn(shape, dtype=torch.float16, device="npu") for _ in range(3))  # type: ignore[return-value]
+def _distinct_lengths(batch: int, seed: int) -> list[int]:
+    """``batch`` distinct KV lengths, each >= 100 and within the block table."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randperm(WIDTH * BLOCK - 100, generator=g)[:batch] + 100).tolist()
 
 
-def _fia_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int]) -> torch.Tensor:
-    import torch_npu
+def _capture_paged_decode(g: Graph, static, lengths: list[int]):
+    """One task of exactly one FIA .out over ``static`` (block table already sanitized), its buffers
+    allocated in the capture before the group."""
+    from graphbuf.adapters.vllm_ascend import kernels
 
-    out = torch_npu.npu_fused_infer_attention_score(
-        q,
-        k,
-        v,
-        num_heads=32,
-        input_layout="BNSD",
-        scale=1 / 0.0078125,
-        pre_tokens=65535,
-        next_tokens=65535,
-        softmax_lse_flag=False,
-        actual_seq_lengths=lens,
-    )[0]
-    torch.npu.synchronize()
-    return out.cpu()
-
-
-def _capture_fia(g: Graph, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int]):
-    import torch_npu
-
-    def fia(q, k, v, workspace, out, lse, *, actual_seq_lengths):  # type: ignore[no-untyped-def]
-        torch_npu.npu_fused_infer_attention_score.out(
-            q,
-            k,
-            v,
-            workspace=workspace,
-            num_heads=32,
-            input_layout="BNSD",
-            scale=1 / 0.0078125,
-            pre_tokens=65535,
-            next_tokens=65535,
-            softmax_lse_flag=False,
-            actual_seq_lengths=actual_seq_lengths,
-            out=[out, lse],
-        )
-
+    query, kc, vc, table, _ = static
+    q = query.unsqueeze(2)
     with torch.no_grad(), g.capture():
-        workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(
-            q,
-            k,
-            v,
-            num_heads=32,
-            input_layout="BNSD",
-            scale=1 / 0.0078125,
-            pre_tokens=65535,
-            next_tokens=65535,
-            softmax_lse_flag=False,
-            actual_seq_lengths=lens,
-        )
-        out = torch.empty_like(q)
-        lse = torch.empty(1, dtype=torch.float16, device="npu")
-        task = g.task("attention", fia, q, k, v, workspace, out, lse, actual_seq_lengths=lens)
+        out, workspace, lse = kernels.paged_decode_buffers(q, kc, vc, table, SCALE)
+        task = g.task(
+            "paged_attention", kernels.paged_decode_out, q, kc, vc, table, out, workspace, lse,
+            seq_lens_kv=lengths, scale=SCALE,
+        )  # fmt: skip
     return task, out
 
 
+def _sanitized_case(lengths: list[int], seed: int, device: str = "npu"):
+    from graphbuf.adapters.vllm_ascend import large_head as lh
+
+    static = make_case(lengths, 1, torch.bfloat16, seed, device)
+    static[3] = lh.sanitize_block_table(static[3], static[4], BLOCKS, BLOCK)
+    return static
+
+
+def _reference(static) -> torch.Tensor:
+    return sdpa_reference(*static, 1, SCALE)
+
+
 @needs_npu
-def test_task_group_replays_baked_host_args() -> None:
-    q, k, v = _fia_inputs()
+def test_task_replays_baked_lengths_until_updated_and_the_output_moves() -> None:
+    first, second = _distinct_lengths(4, 1), _distinct_lengths(4, 2)
+    static = _sanitized_case(first, 3)
     g = Graph("npu")
-    task, out = _capture_fia(g, q, k, v, [29])
+    task, out = _capture_paged_decode(g, static, first)
     assert task.handle is not None
-    g.replay()  # no update: the event is recorded by replay itself, the captured [29] is used
+    g.replay()  # no update: the captured lengths
     torch.npu.synchronize()
-    assert torch.equal(out.cpu(), _fia_eager(q, k, v, [29]))
-
-
-@needs_npu
-def test_task_group_update_reissues_with_new_host_args() -> None:
-    q, k, v = _fia_inputs()
-    g = Graph("npu")
-    task, out = _capture_fia(g, q, k, v, [29])
-    task.update(actual_seq_lengths=[100])
+    at_first = out.squeeze(2).float().cpu()
+    torch.testing.assert_close(at_first, _reference(static), **TOL)
+    # Same query and caches (same seed), new lengths and table rows: only the update can move the output.
+    for dst, src in zip(static, _sanitized_case(second, 3), strict=True):
+        dst.copy_(src)
+    task.update(seq_lens_kv=second, scale=SCALE)
     g.replay()
     torch.npu.synchronize()
-    assert torch.equal(out.cpu(), _fia_eager(q, k, v, [100]))
+    torch.testing.assert_close(out.squeeze(2).float().cpu(), _reference(static), **TOL)
+    assert not torch.allclose(out.squeeze(2).float().cpu(), at_first, **TOL)
     g.replay()  # the update persists; replay records the event again
     torch.npu.synchronize()
-    assert torch.equal(out.cpu(), _fia_eager(q, k, v, [100]))
+    torch.testing.assert_close(out.squeeze(2).float().cpu(), _reference(static), **TOL)
+
+
+@needs_npu
+def test_update_replay_loop_without_host_sync_matches_eager_every_step() -> None:
+    from graphbuf.adapters.vllm_ascend import kernels
+
+    steps = 8
+    lengths = [_distinct_lengths(4, 10 + k) for k in range(steps)]
+    cases = [_sanitized_case(n, 20 + k) for k, n in enumerate(lengths)]  # on the device before the loop
+    static = [t.clone() for t in cases[0]]
+    g = Graph("npu")
+    task, out = _capture_paged_decode(g, static, lengths[0])
+    torch.npu.synchronize()
+    graphed, eager = [], []
+    for case, lens in zip(cases, lengths, strict=True):  # no host sync inside the loop
+        for dst, src in zip(static, case, strict=True):
+            dst.copy_(src)
+        task.update(seq_lens_kv=lens, scale=SCALE)
+        g.replay()
+        graphed.append(out.clone())
+        q = static[0].unsqueeze(2)
+        eager.append(kernels.paged_decode_bnsd(q, static[1], static[2], static[3], lens, SCALE).clone())
+    torch.npu.synchronize()
+    for k, (got, want) in enumerate(zip(graphed, eager, strict=True)):
+        torch.testing.assert_close(got.cpu(), want.cpu(), **TOL, msg=f"step {k}")
+        torch.testing.assert_close(got.squeeze(2).float().cpu(), _reference(cases[k]), **TOL, msg=f"step {k}")
+
+
+@pytest.mark.skipif(not NPU or torch.npu.device_count() < 2, reason="needs two NPUs")
+def test_update_on_a_graph_of_another_device_than_the_current() -> None:
+    first, second = _distinct_lengths(2, 5), _distinct_lengths(2, 6)
+    static = _sanitized_case(first, 7, device="npu:1")
+    g = Graph("npu:1")  # the current device stays npu:0
+    task, out = _capture_paged_decode(g, static, first)
+    for dst, src in zip(static, _sanitized_case(second, 7, device="npu:1"), strict=True):
+        dst.copy_(src)
+    task.update(seq_lens_kv=second, scale=SCALE)
+    g.replay()
+    torch.npu.synchronize("npu:1")
+    torch.testing.assert_close(out.squeeze(2).float().cpu(), _reference(static), **TOL)

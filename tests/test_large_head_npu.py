@@ -1,8 +1,10 @@
 """Large-head attention with the real Ascend kernels, captured in an NPU graph, then replayed after the query,
 KV, sequence lengths and block tables were changed in place; compared with CPU FP32 SDPA per visible prefix.
 
-Verify runs ``npu_fusion_attention`` (BNSD) with a boolean mask built from DEVICE sequence lengths; decode
-runs the paged ``npu_fused_infer_attention_score`` (BNSD) whose host KV lengths a graph task update refreshes.
+Verify runs ``npu_fusion_attention_v3`` (BNSD) with a boolean mask built from DEVICE sequence lengths; decode
+runs the paged ``npu_fused_infer_attention_score.out`` (BNSD), the one op of a task group whose host KV
+lengths a graph task update refreshes, with distinct lengths >= 100 so an update that does not reach the
+device fails.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def test_npu_graph_replay_after_in_place_changes(path, dtype):
             return lh.verify_attention(*static, q_len, scale)
         if path == "blockwise":
             return lh.verify_attention_blockwise(*static, q_len, scale, chunk_blocks=1)
-        return lh.decode_attention(*static, scale)  # no host lengths: gather + fusion attention
+        return lh.decode_attention(*static, scale)  # no host lengths: gather + fusion attention v3
 
     out, graph = _capture(run)
     addresses = [t.data_ptr() for t in static] + [out.data_ptr()]
@@ -64,48 +66,70 @@ def test_npu_graph_replay_after_in_place_changes(path, dtype):
         torch.testing.assert_close(out.float().cpu(), sdpa_reference(*static, q_len, scale), **TOL)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_npu_paged_decode_task_update_with_host_lengths(dtype):
-    scale = 1.0 / math.sqrt(HEAD_DIM)
-    start = [300, 5, 1]
-    query, kc, vc, table, lens = _case(start, 1, dtype, seed=1)
-    ids = lh.sanitize_block_table(table, lens, BLOCKS, BLOCK)
-    q_bnsd = query.unsqueeze(2).contiguous()
-    out = torch.empty_like(q_bnsd)
-    lse = torch.empty(1, dtype=dtype, device=q_bnsd.device)
-    workspace = kernels.paged_decode_workspace(q_bnsd, kc, vc, ids, start, scale)
-    graph = torch.npu.NPUGraph()
-    event = torch.npu.ExternalEvent()
-    update_stream = torch.npu.Stream()
-    torch.npu.synchronize()
-    with torch.npu.graph(graph):
-        stream = torch.npu.current_stream()
-        ids.copy_(lh.sanitize_block_table(table, lens, BLOCKS, BLOCK))  # refreshed in the graph
-        event.wait(stream)
-        event.reset(stream)
-        torch.npu.graph_task_group_begin(stream)
-        kernels.paged_decode_bnsd(
-            q_bnsd, kc, vc, ids, start, scale, out=out, workspace=workspace, softmax_lse=lse
-        )
-        handle = torch.npu.graph_task_group_end(stream)
+def _distinct_lengths(batch: int, seed: int) -> list[int]:
+    """``batch`` distinct KV lengths, each >= 100 and within the block table."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randperm(WIDTH * BLOCK - 100, generator=g)[:batch] + 100).tolist()
 
-    for seed, new_lens in UPDATES:
-        new_lens = [max(n, 1) for n in new_lens]
-        fresh = _case(new_lens, 1, dtype, seed)
-        for dst, src in zip((query, kc, vc, table, lens), fresh, strict=True):
+
+def _capture_binding_decode(static, lengths):
+    from graphbuf.adapters.vllm_ascend.binding import LargeHeadBinding
+    from graphbuf.graphs.graph import Graph
+    from graphbuf.graphs.runner import Step
+
+    query, kc, vc, table, lens = static
+    out = torch.zeros_like(query)
+    binding = LargeHeadBinding(group=None, q_len=1, head_dim=HEAD_DIM)
+    step_host = {"attention": {"seq_lens_kv": list(lengths)}}
+    graph = Graph("npu")
+    views = {"block_table": table, "seq_lens": lens}
+    with torch.no_grad(), graph.capture():
+        binding.decode(Step(len(lengths), views, graph, step_host, 0), query, kc, vc, out)
+    return graph, out, binding.scale
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_npu_binding_decode_update_moves_output_at_distinct_lengths(dtype):
+    """The binding's decode task (one FIA .out per group, workspace for the longest KV length): captured at
+    one set of distinct lengths >= 100, updated to another; both checked against the reference."""
+    first, second = _distinct_lengths(4, 1), _distinct_lengths(4, 2)
+    static = _case(first, 1, dtype, seed=21)
+    graph, out, scale = _capture_binding_decode(static, first)
+    graph.replay()
+    torch.npu.synchronize()
+    at_first = out.float().cpu()
+    torch.testing.assert_close(at_first, sdpa_reference(*static, 1, scale), **TOL)
+    for dst, src in zip(static, _case(second, 1, dtype, seed=21), strict=True):  # same query and caches
+        dst.copy_(src)
+    assert graph.update_tasks("attention", seq_lens_kv=second, scale=scale) == 1
+    graph.replay()
+    torch.npu.synchronize()
+    torch.testing.assert_close(out.float().cpu(), sdpa_reference(*static, 1, scale), **TOL)
+    assert not torch.allclose(out.float().cpu(), at_first, **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+def test_npu_binding_decode_update_replay_loop_without_host_sync(dtype):
+    """Back-to-back update -> replay, no host sync inside the loop, each step compared with eager decode."""
+    steps = 8
+    lengths = [_distinct_lengths(3, 30 + k) for k in range(steps)]
+    cases = [_case(n, 1, dtype, seed=40 + k) for k, n in enumerate(lengths)]  # on the device before the loop
+    static = [t.clone() for t in cases[0]]
+    graph, out, scale = _capture_binding_decode(static, lengths[0])
+    torch.npu.synchronize()
+    graphed, eager = [], []
+    for case, lens in zip(cases, lengths, strict=True):
+        for dst, src in zip(static, case, strict=True):
             dst.copy_(src)
-        q_bnsd.copy_(query.unsqueeze(2))
-        with torch.npu.stream(update_stream):
-            torch.npu.graph_task_update_begin(update_stream, handle)
-            kernels.paged_decode_bnsd(
-                q_bnsd, kc, vc, ids, new_lens, scale, out=out, workspace=workspace, softmax_lse=lse
-            )
-            torch.npu.graph_task_update_end(update_stream)
-            event.record(update_stream)
+        graph.update_tasks("attention", seq_lens_kv=lens, scale=scale)
         graph.replay()
-        torch.npu.synchronize()
-        expected = sdpa_reference(query, kc, vc, table, lens, 1, scale)
-        torch.testing.assert_close(out.squeeze(2).float().cpu(), expected, **TOL)
+        graphed.append(out.clone())
+        eager.append(lh.decode_attention(*static, scale, seq_lens_host=lens))
+    torch.npu.synchronize()
+    for k, (got, want) in enumerate(zip(graphed, eager, strict=True)):
+        torch.testing.assert_close(got.float().cpu(), want.float().cpu(), **TOL, msg=f"step {k}")
+        reference = sdpa_reference(*cases[k], 1, scale)
+        torch.testing.assert_close(got.float().cpu(), reference, **TOL, msg=f"step {k}")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -128,48 +152,3 @@ def test_npu_fusion_attention_bnsd_mask_from_device_lengths_matches_software_ker
         q_bnsd.cpu(), key.cpu(), value.cpu(), hidden.cpu(), scale
     )
     torch.testing.assert_close(npu.float().cpu(), software.float(), **TOL)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16])
-def test_npu_paged_decode_through_graphbuf_task(dtype):
-    from graphbuf.graphs.graph import Graph
-
-    scale = 1.0 / math.sqrt(HEAD_DIM)
-    start = [300, 5, 1]
-    query, kc, vc, table, lens = _case(start, 1, dtype, seed=11)
-    ids = lh.sanitize_block_table(table, lens, BLOCKS, BLOCK)
-    q_bnsd = query.unsqueeze(2).contiguous()
-    out = torch.empty_like(q_bnsd)
-    lse = torch.empty(1, dtype=dtype, device=q_bnsd.device)
-    workspace = kernels.paged_decode_workspace(q_bnsd, kc, vc, ids, start, scale)
-
-    def attend(q, k, v, block_ids, out, workspace, lse, *, seq_lens_host, scale):
-        kernels.paged_decode_bnsd(
-            q, k, v, block_ids, seq_lens_host, scale, out=out, workspace=workspace, softmax_lse=lse
-        )
-
-    graph = Graph("npu")
-    with graph.capture():
-        ids.copy_(lh.sanitize_block_table(table, lens, BLOCKS, BLOCK))
-        q_bnsd.copy_(query.unsqueeze(2))
-        task = graph.task(
-            "paged_attention",
-            attend,
-            q_bnsd,
-            kc,
-            vc,
-            ids,
-            out,
-            workspace,
-            lse,
-            seq_lens_host=start,
-            scale=scale,
-        )
-    for seed, new_lens in ((12, [512, 1, 129]), (13, [1, 385, 4])):
-        for dst, src in zip((query, kc, vc, table, lens), _case(new_lens, 1, dtype, seed), strict=True):
-            dst.copy_(src)
-        task.update(seq_lens_host=new_lens, scale=scale)
-        graph.replay()
-        torch.npu.synchronize()
-        expected = sdpa_reference(query, kc, vc, table, lens, 1, scale)
-        torch.testing.assert_close(out.squeeze(2).float().cpu(), expected, **TOL)

@@ -307,3 +307,31 @@ def test_standin_workspace_too_small_for_longer_lengths_is_refused(npu):
     out, lse = torch.empty_like(q), torch.empty(0, dtype=torch.float32)
     with pytest.raises(ContractError, match="workspace"):
         kernels.paged_decode_bnsd(q, kc, vc, ids, [300, 5], SCALE, out=out, workspace=small, softmax_lse=lse)
+
+
+# --- found while writing these tests: capture poisoned caller data through a view ---------------------------
+
+
+def test_capture_leaves_caller_tensors_viewed_inside_it_untouched(npu):
+    """Graph poisons what the capture allocated (a device capture runs no kernel). A view of a caller's tensor
+    made inside the capture and still alive afterwards (the decode task's BNSD query, a reshaped cache) is
+    the caller's memory: poisoning it wrote NaN into the static query / KV cache on the device."""
+    static = make_case([300, 5, 129], 1, DTYPE, 15, "cpu")
+    before = [t.clone() for t in static]
+    _capture_decode_on(static, [300, 5, 129])
+    for got, want in zip(static, before, strict=True):
+        assert torch.equal(got, want)
+
+
+def _capture_decode_on(static, start_lens):
+    query, kc, vc, table, lens = static
+    out = torch.zeros_like(query)
+    binding = LargeHeadBinding(group=None, q_len=1, head_dim=HEAD_DIM)
+    views = {"block_table": table, "seq_lens": lens}
+    graph = Graph("npu")
+    kept = []
+    host = {TaskKind.ATTENTION.value: {"seq_lens_kv": list(start_lens)}}
+    with torch.no_grad(), graph.capture():
+        kept.append(query.view(query.shape[0], -1))  # a view of the caller's query, alive after capture
+        binding.decode(_binding_step(graph, views, host), query, kc, vc, out)
+    return graph, kept

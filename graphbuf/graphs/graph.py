@@ -128,7 +128,15 @@ class _DeviceBackend:
                     self.module.set_stream(current)
                 raise
             ctx.__exit__(None, None, None)
-            poison(t for ref in guard.produced if (t := ref()) is not None)
+            # Only memory the capture allocated: a view of a tensor from before capture that is still alive
+            # (a task's argument, a reshaped cache) aliases the caller's data, which a device capture leaves
+            # as it was.
+            before = {t.untyped_storage().data_ptr() for t in guard.inputs}
+            poison(
+                t
+                for ref in guard.produced
+                if (t := ref()) is not None and t.untyped_storage().data_ptr() not in before
+            )
         self.graph = graph
         self.watch = Watch(
             (f"capture input #{k} ({str(t.dtype).removeprefix('torch.')} {list(t.shape)})", t)
@@ -337,6 +345,7 @@ class Graph:
         """Inside :meth:`capture`: run ``fn(*tensor_args, **host_args)`` as one re-issuable task.
 
         ``fn`` must write its results into preallocated tensors among ``tensor_args`` (like NPU ``out=``);
+        on npu it must be only the re-issued op (see :mod:`graphbuf.graphs.tasks`);
         ``host_args`` are host values (ints, floats, lists of them) baked in until
         :meth:`CapturedTask.update`. Raises :class:`CaptureError` outside capture, ValueError for an unknown
         kind, TypeError for a non-tensor ``tensor_args`` entry or a tensor among ``host_args``.

@@ -7,7 +7,12 @@ as one task and returns a :class:`CapturedTask`, whose :meth:`CapturedTask.updat
 
 - cpu (emulator): the task is a separate group of the recording; ``update`` re-records that group;
 - npu: the task is an NPU task group (``graph_task_group_begin/end``) gated by an external event;
-  ``update`` re-issues it on a side stream (``graph_task_update_begin/end``) and records the event;
+  ``update`` re-issues it on a side stream created on the graph's device (``graph_task_update_begin/end``)
+  and records the event. ``fn`` must be exactly the op(s) whose host arguments change, in ``.out`` form,
+  every output and workspace among ``tensor_args`` and allocated before the task (torch_npu re-issues the
+  group's kernels only; anything else in it, or an allocation, runs outside the graph or points at freed
+  memory after an update). A task with no host arguments has nothing to re-issue: it is captured as
+  ordinary kernels, with no group and no event (``handle`` None), and ``update`` does nothing;
 - cuda: CUDA graphs cannot re-issue one captured task; ``update`` raises :class:`CaptureError`.
 
 Kinds are told apart by name (:class:`TaskKind`), never by the number or order of arguments.
