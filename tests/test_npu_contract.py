@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import math
+import sys
 from pathlib import Path
 
 import npu_contract_standin as standin
@@ -335,3 +336,44 @@ def _capture_decode_on(static, start_lens):
         kept.append(query.view(query.shape[0], -1))  # a view of the caller's query, alive after capture
         binding.decode(_binding_step(graph, views, host), query, kc, vc, out)
     return graph, kept
+
+
+# --- the routed attention (vllm-ascend's forward_impl patched by the plugin) --------------------------------
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_finding_1_routed_attention_under_a_full_graph_capture(npu, monkeypatch, q_len):
+    """routing.forward inside a Graph("npu") capture, as vllm-ascend's FULL capture runs it (its forward
+    context says ``capturing``): decode and MTP verify reach the masked BNSD kernel, which must be the
+    graph-capable one; replays after in-place changes match the reference."""
+    import types
+
+    from graphbuf.adapters.vllm_ascend import routing
+
+    package = types.ModuleType("vllm_ascend")
+    context = types.ModuleType("vllm_ascend.ascend_forward_context")
+    context._EXTRA_CTX = types.SimpleNamespace(capturing=True)
+    monkeypatch.setitem(sys.modules, "vllm_ascend", package)
+    monkeypatch.setitem(sys.modules, "vllm_ascend.ascend_forward_context", context)
+
+    static = make_case([300, 5, 129], q_len, DTYPE, 16, "cpu")
+    query, kc, vc, table, lens = static
+    impl = types.SimpleNamespace(
+        head_size=HEAD_DIM, scale=SCALE, sliding_window=None, sinks=None, alibi_slopes=None,
+        attn_type="decoder", key_cache=kc, value_cache=vc,
+    )  # fmt: skip
+    route = routing.Route(q_len=q_len, block_table=table, seq_lens=lens, size=query.shape[0], num_reqs=3)
+    metadata = types.SimpleNamespace(attn_state=types.SimpleNamespace(name="DecodeOnly"))
+    setattr(metadata, routing.ROUTE_ATTR, route)
+    output = torch.zeros_like(query)
+
+    def original(*args, **kwargs):
+        raise AssertionError("the routed batch fell back to vllm-ascend's path")
+
+    graph = Graph("npu")
+    with torch.no_grad(), graph.capture():
+        routing.forward(original, impl, query, None, None, (kc, vc), metadata, output)
+    for seed, new in ((17, [512, 3, 385]), (18, [130, 257, 4])):
+        _copy_case(static, new, q_len, seed)
+        graph.replay()
+        torch.testing.assert_close(output.float(), sdpa_reference(*static, q_len, SCALE), **TOL)
