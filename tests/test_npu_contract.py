@@ -209,6 +209,17 @@ def test_finding_5_update_stream_on_the_graphs_device(npu):
     assert npu.updates == 1
 
 
+def test_finding_5_bare_npu_graph_updates_on_the_device_current_at_capture(npu):
+    static = make_case([300, 5], 1, DTYPE, 19, "cpu")
+    static[3].copy_(lh.sanitize_block_table(static[3], static[4], BLOCKS, BLOCK))
+    graph = Graph("npu")
+    with torch.npu.device(1), torch.no_grad(), graph.capture():
+        task = _one_op_task(graph, static, [300, 5])
+    task.update(seq_lens_kv=[150, 120], scale=SCALE)  # the current device is 0 again
+    graph.replay()
+    assert npu.updates == 1
+
+
 def test_finding_5_out_call_without_workspace_or_lse_is_an_error(npu):
     query, kc, vc, table, lens = make_case([300, 5], 1, DTYPE, 12, "cpu")
     ids = lh.sanitize_block_table(table, lens, BLOCKS, BLOCK)

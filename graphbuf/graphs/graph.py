@@ -97,6 +97,7 @@ class _DeviceBackend:
         self.graph: Any = None
         self.pool_handle: object = None
         self.update_stream: Any = None
+        self.captured_on: int | None = None
         self.watch = Watch()
 
     @property
@@ -111,6 +112,7 @@ class _DeviceBackend:
         if pool is None:
             pool = self.pool_handle
         graph = self._new_graph()
+        self.captured_on = self.module.current_device() if self.index is None else self.index
         with self.module.device(self.index) if self.index is not None else nullcontext():
             current = self.module.current_stream()
             ctx = self.module.graph(graph, pool=pool, stream=stream)
@@ -172,8 +174,10 @@ class _DeviceBackend:
         self.watch = Watch()
 
     def _on_device(self) -> Any:
-        """Context making this graph's device current (streams and events must belong to it)."""
-        return self.module.device(self.index) if self.index is not None else nullcontext()
+        """Context making this graph's device current (streams and events must belong to it): ``npu:N``'s,
+        or for a bare ``npu`` the device that was current at capture."""
+        index = self.index if self.index is not None else self.captured_on
+        return self.module.device(index) if index is not None else nullcontext()
 
     def _update_stream(self) -> Any:
         """The side stream task updates run on, created on this graph's device (the one its events are on)."""
