@@ -308,6 +308,19 @@ def test_standin_refuses_replay_of_an_unrecorded_event_and_mismatched_devices(np
     graph.replay()
 
 
+def test_finding_2_workspace_of_a_task_captured_at_short_lengths_fits_the_longest(npu):
+    """paged_decode_workspace (the routed decode sizes its task with it) ignores the captured lengths."""
+    query, kc, vc, table, lens = make_case([300, 5], 1, DTYPE, 20, "cpu")
+    ids = lh.sanitize_block_table(table, lens, BLOCKS, BLOCK)
+    q = query.unsqueeze(2)
+    workspace = kernels.paged_decode_workspace(q, kc, vc, ids, [1, 1], SCALE)
+    out, lse = torch.empty_like(q), torch.empty(1, dtype=q.dtype)
+    longest = [WIDTH * BLOCK, WIDTH * BLOCK]
+    kernels.paged_decode_bnsd(q, kc, vc, ids, longest, SCALE, out=out, workspace=workspace, softmax_lse=lse)
+    with pytest.raises(ValueError, match="batch"):
+        kernels.paged_decode_workspace(q, kc, vc, ids, [1], SCALE)
+
+
 def test_standin_workspace_too_small_for_longer_lengths_is_refused(npu):
     query, kc, vc, table, lens = make_case([300, 5], 1, DTYPE, 14, "cpu")
     ids = lh.sanitize_block_table(table, lens, BLOCKS, BLOCK)
