@@ -16,8 +16,9 @@ decode task)                           only op of its task group
 =====================================  =====================================  ==============================
 
 Not used anywhere: ``npu_fusion_attention`` (documented unsupported in graph mode and aclgraph; with
-``sync=False`` a capture cannot join the stream it waits on) and FIA's allocating form under capture (its
-internal workspace is sized for the captured KV lengths).
+``sync=False`` a capture cannot join the stream it waits on) and FIA's allocating form (its workspace is
+allocated per call for that call's KV lengths; torch_npu's own graph handler swaps it for ``.out`` with a
+workspace from ``_npu_fused_infer_attention_score_get_max_workspace``, as graphbuf does).
 
 ``masked_attention_bnsd(query, key, value, hidden_mask, scale)``
     Dense attention in BNSD layout with an explicit boolean mask. ``query`` is ``[B, Nq, S, D]``, ``key``
