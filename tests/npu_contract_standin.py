@@ -638,6 +638,8 @@ def _module() -> tuple[types.ModuleType, types.ModuleType]:
     ):  # fmt: skip
         setattr(npu, name, globals()[name])
     npu.is_available = lambda: True
+    npu._is_in_bad_fork = lambda: False
+    npu.manual_seed_all = lambda seed: None
     npu.device_count = lambda: STATE.devices
     npu.current_device = lambda: STATE.device
     npu.synchronize = lambda device=None: None
@@ -677,5 +679,7 @@ def uninstall() -> None:
     inert = types.ModuleType("graphbuf_tests.inert_npu")
     inert.is_available = lambda: False
     inert.device_count = lambda: 0
+    inert._is_in_bad_fork = lambda: False  # torch.manual_seed seeds every renamed backend's module
+    inert.manual_seed_all = lambda seed: None
     torch.npu = inert  # type: ignore[attr-defined]
     STATE.reset(2)
