@@ -210,7 +210,7 @@ class Plan:
 
     def memory_totals(self) -> dict[str, int]:
         """Whole-plan memory: the device slab (one, shared by every size), the host staging copies, and the
-        task workspaces: the peak over sizes (graphs share one memory pool, as vLLM captures them) and the
+        task workspaces: the peak over sizes (graphs share one memory pool, as engines capture them) and the
         sum (a pool per graph)."""
         per = [self.memory_at(s) for s in self.capture_sizes]
         return {
