@@ -62,9 +62,17 @@ def test_software_task_is_reissued_and_replayed_with_its_host_lengths() -> None:
     torch.testing.assert_close(out, _reference(query, kc, vc, table, [64, 1, 33]))
     with pytest.raises(ValueError, match="3 requests"):
         decodes.update(3, [1, 2])
+    assert task.lens == [64, 1, 33] and task.updates == 1  # nothing re-issued
+    # A task captured over a row prefix of its size takes the prefix's lengths.
+    prefix_out = torch.zeros_like(query[:2])
+    decodes.run("prefix", 3, True, query[:2], kc, vc, table[:2], lens[:2], [3, 4], D**-0.5, prefix_out)
+    assert decodes.update(3, [9, 10, 11]) == 2
+    assert [t.lens for t in decodes.tasks(3)] == [[9, 10, 11], [9, 10]]
+    decodes.replay(3)
+    torch.testing.assert_close(prefix_out, _reference(query[:2], kc, vc, table[:2], [9, 10]))
     # Capturing the same layer at the same size again replaces its task; another size is separate.
     decodes.run(owner, 3, True, query, kc, vc, table, lens, [1, 1, 1], D**-0.5, out)
-    assert len(decodes.tasks(3)) == 1 and decodes.tasks(3)[0].lens == [1, 1, 1]
+    assert len(decodes.tasks(3)) == 2 and decodes.tasks(3)[0].lens == [1, 1, 1]
     assert decodes.tasks(4) == () and decodes.update(4, [1]) == 0
     # Not capturing: one eager call, nothing registered.
     decodes.run(object(), 5, False, query, kc, vc, table, lens, [2, 2, 2], D**-0.5, out)

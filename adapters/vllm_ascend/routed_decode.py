@@ -144,23 +144,26 @@ class RoutedDecodes:
         return out
 
     def update(self, size: int, seq_lens_host: Sequence[int], update_stream: Any = None) -> int:
-        """Re-issue every task captured at ``size`` with ``seq_lens_host`` (the captured batch's length:
-        live lengths, then 0 for padded requests). Returns the number of tasks re-issued.
+        """Re-issue every task captured at ``size`` with ``seq_lens_host``: one host length per row of the
+        capture size (live lengths, then 0 for padded requests); a task captured over a row prefix takes the
+        prefix's lengths. Returns the number of tasks re-issued.
 
-        ValueError when the list's length differs from the captured batch (the kernel's shape check).
+        ValueError, before any task is re-issued, when the list is shorter than a task's captured batch.
         """
         lens = [int(n) for n in seq_lens_host]
         tasks = self.tasks(size)
         for task in tasks:
             batch = int(task.out.shape[0])
-            if len(lens) != batch:
+            if len(lens) < batch:
                 raise ValueError(
                     f"routed decode at capture size {size}: {len(lens)} KV lengths for a captured batch of "
                     f"{batch} requests"
                 )
+        for task in tasks:
+            fresh = lens[: int(task.out.shape[0])]
             if task.npu is not None:
-                npu_update_task(task.npu, task.fn, task.tensor_args, {"seq_lens_host": lens}, update_stream)
-            task.lens = lens
+                npu_update_task(task.npu, task.fn, task.tensor_args, {"seq_lens_host": fresh}, update_stream)
+            task.lens = fresh
             task.updates += 1
         return len(tasks)
 
