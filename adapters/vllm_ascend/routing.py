@@ -123,7 +123,8 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
 
     Rules 1-4 of the module docstring. For a routed uniform batch it refreshes the group's graphbuf buffers
     (created on the group's first routed build) and returns their views; a ``graphbuf.RefreshError``
-    (``WidthError`` for a table wider than the allocation) propagates with the buffers unchanged.
+    (``WidthError`` for a table wider than the allocation; host KV lengths past the table's capacity)
+    propagates with the buffers unchanged.
     """
     if _enum_name(_graph_mode(builder)) not in ROUTED_GRAPH_MODES:
         return None
@@ -176,8 +177,16 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     if size in buffers.fallbacks:
         return Route(q_len=None, reason=buffers.fallbacks[size])
     live = num_tokens // q_len
-    views = buffers.resolve(size, block_table, seq_lens, live)
     host = _live_host_lens(common_attn_metadata, attn_metadata, live)
+    capacity = kernel_block * int(buffers.buffers.plan[resolve.BLOCK_TABLE].shape[1])
+    if host is not None and any(n < 0 or n > capacity for n in host):
+        errors = importlib.import_module("graphbuf.errors")
+        raise errors.RefreshError(
+            f"{resolve.SEQ_LENS}: host KV lengths {host} of capture size {size} must lie in [0, {capacity}] "
+            f"(the captured block table's {capacity // kernel_block} blocks of {kernel_block}); the paged "
+            "kernel would read past the table. Nothing was refreshed."
+        )
+    views = buffers.resolve(size, block_table, seq_lens, live)
     if host is None:
         host = [int(n) for n in views[1][:live].tolist()]  # the refreshed buffer (a device read)
     rows = int(views[1].shape[0])

@@ -260,3 +260,22 @@ class _GatherCount(torch.utils._python_dispatch.TorchDispatchMode):
         if func is torch.ops.aten.index_select.default:
             self.elements += out.numel()
         return out
+
+
+def test_host_lengths_past_the_table_are_refused_before_any_refresh(patched) -> None:
+    """A host KV length the captured table cannot hold (a runner whose host copy disagrees with its device
+    lengths) would make the paged kernel read past the table: refused, graphbuf's buffers unchanged."""
+    config = make_vllm_config(capture_sizes=vllm_capture_sizes(16, 3, 8192, 2))
+    builder = make_builder(config)
+    gen = torch.Generator().manual_seed(54)
+    good = random_batch(gen, live=3, q_len=1, num_blocks=NUM_BLOCKS, max_len=MAX_LEN, padded_reqs=4,
+                        width=WIDTH)  # fmt: skip
+    route = getattr(builder.build(0, good.common()), patch.ROUTE_ATTR)
+    before = (route.block_table.clone(), route.seq_lens.clone())
+    bad = random_batch(gen, live=3, q_len=1, num_blocks=NUM_BLOCKS, max_len=MAX_LEN, padded_reqs=4,
+                       width=WIDTH)  # fmt: skip
+    common = bad.common()
+    common._seq_lens_cpu[1] = WIDTH * 128 + 1  # the host copy vllm-ascend's seq_lens_list comes from
+    with pytest.raises(graphbuf.RefreshError, match=r"host KV lengths .* must lie in \[0, 5504\]"):
+        builder.build(0, common)
+    assert torch.equal(route.block_table, before[0]) and torch.equal(route.seq_lens, before[1])
