@@ -14,6 +14,8 @@ Benchmarks, in order, each in this process (JSON file in ``--out``):
 * ``emulator`` (``emulator.json``): CPU emulator replay vs eager (``bench/bench_emulator.py``).
 * ``cuda`` (``cuda.json``): copies per refresh, refresh µs, graph replay vs eager; skipped without CUDA.
 * ``verify`` (``verify.json``): dense vs blockwise verify attention: workspace, time, agreement.
+* ``decode`` (``decode.json``): paged vs dense decode attention: KV bytes read at live contexts (and
+  ``graphbuf plan``'s figures for them), time, agreement.
 * ``cli`` (``cli.json``): ``graphbuf check`` wall time on the shipped spec in fresh interpreters (target
   ≤ 0.3 s; ``bench/bench_cli.py``).
 
@@ -39,6 +41,7 @@ import bench_address_check
 import bench_capacity
 import bench_cli
 import bench_cuda
+import bench_decode
 import bench_emulator
 import bench_refresh
 import bench_verify
@@ -91,6 +94,12 @@ def _verify(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
     return [write_json(out / "verify.json", "verify", res)]
 
 
+def _decode(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
+    res = bench_decode.run(quick=quick)
+    print(bench_decode.render(res))
+    return [write_json(out / "decode.json", "decode", res)]
+
+
 def _cli(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
     res = bench_cli.run(runs=3 if quick else 11)
     print(bench_cli.render(res))
@@ -104,6 +113,7 @@ BENCHMARKS: dict[str, Callable[[bool, Path, Path, int], list[Path]]] = {
     "emulator": _emulator,
     "cuda": _cuda,
     "verify": _verify,
+    "decode": _decode,
     "cli": _cli,
 }
 

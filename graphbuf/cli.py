@@ -16,6 +16,7 @@ from typing import Any
 
 from graphbuf.coverage import Coverage, spec_coverage
 from graphbuf.errors import GraphbufError, SpecError
+from graphbuf.factories import RouteCost
 from graphbuf.planner import Plan, plan
 from graphbuf.spec import GraphSpec, load_spec, resolve_spec_path
 
@@ -74,8 +75,9 @@ def _bounds(p: Plan, name: str) -> str:
     return ", ".join(parts) or "-"
 
 
-def render_plan(p: Plan) -> str:
-    """The human-readable plan: buffers and totals, captured rows and workspaces per capture size."""
+def render_plan(p: Plan, context: int | None = None) -> str:
+    """The human-readable plan: buffers and totals, captured rows, workspaces and task routes per capture
+    size (routes at ``context`` tokens per request; None: the worst case)."""
     lines = [
         f"{p.spec.name}: {len(p.buffers)} buffers, {p.total_bytes} bytes ({_human(p.total_bytes)}) "
         "in one slab "
@@ -116,6 +118,18 @@ def render_plan(p: Plan) -> str:
                 [(s, *(_human(p.workspace_bytes(w, s)) for w in p.workspaces)) for s in p.capture_sizes],
             ),
         ]
+    routes = {s: p.route_costs(s, context) for s in p.capture_sizes}
+    if any(routes.values()):
+        where = "the worst case" if context is None else f"{context} tokens of context per request"
+        lines += [
+            "",
+            f"task routes per capture size, per step at {where} (KV read: all layers; workspace: peak per "
+            "call; * = selected by the task's options):",
+            _table(
+                ("size", "task", "route", "mode", "context", "layers", "kv read", "workspace"),
+                [_route_row(s, name, c) for s in p.capture_sizes for name, c in routes[s]],
+            ),
+        ]
     totals = p.memory_totals()
     lines += [
         "",
@@ -141,6 +155,12 @@ def render_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
+def _route_row(size: int, task: str, c: RouteCost) -> tuple[object, ...]:
+    mode = c.mode + ("*" if c.selected else "")
+    read, workspace = _human(c.kv_read_bytes), _human(c.workspace_bytes)
+    return (size, task, c.route, mode, c.context, c.layers, read, workspace)
+
+
 def render_coverage(cov: Coverage) -> str:
     """The coverage table: each reachable batch, the capture size it replays at and its padding waste."""
     return "\n".join([cov.summary(), _table(("requests", "tokens", "capture size", "waste"), cov.table())])
@@ -148,7 +168,7 @@ def render_coverage(cov: Coverage) -> str:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     p = plan(args.spec, overrides=_overrides(args.set), allow_factories=args.allow_factory)
-    print(_dumps(p.to_dict()) if args.json else render_plan(p))
+    print(_dumps(p.to_dict(args.context)) if args.json else render_plan(p, args.context))
     return EXIT_OK
 
 
@@ -258,6 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="print the memory plan of a spec")
     spec_args(p)
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--context",
+        type=_non_negative_int,
+        default=None,
+        metavar="TOKENS",
+        help="live KV tokens per request the task routes' figures assume (default: each route's worst case)",
+    )
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("check", help="validate a spec; print a summary and its coverage, or the errors")
@@ -289,6 +316,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_drill)
     return parser
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

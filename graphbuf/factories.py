@@ -10,6 +10,10 @@ A spec names code, so naming a factory must not be enough to run it. A factory i
 
 Anything else is refused before any import. Options are validated against the schema after expressions over
 constants are resolved; an option that needs an unset constant is checked once the constant is set.
+
+A registered factory may also declare ``costs``: a pure-arithmetic hook (importing neither torch nor the
+factory's module) that says, per capture size, what each route of the task reads and materializes per step,
+in every mode its options can select. ``graphbuf plan`` reports them; graphbuf itself names no engine.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import configparser
 import importlib
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,7 +30,15 @@ from pydantic import BaseModel, ValidationError
 
 from graphbuf.expr import ExprError, parse_expr
 
-__all__ = ["ENTRY_POINT_GROUP", "TaskFactory", "declare_options", "registered_factories", "resolve_options"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "CostHook",
+    "RouteCost",
+    "TaskFactory",
+    "declare_options",
+    "registered_factories",
+    "resolve_options",
+]
 
 #: The entry point group that registers task factories.
 ENTRY_POINT_GROUP = "graphbuf.tasks"
@@ -35,12 +47,39 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
+class RouteCost:
+    """What one route of a task does per step at one capture size, in one mode.
+
+    ``route``: the task's route (e.g. one kernel path); ``mode``: the option value selecting it; ``selected``:
+    the task's options select this mode; ``kv_read_bytes``: bytes of cached state the route reads per step
+    (all layers); ``workspace_bytes``: peak bytes it materializes per call (inputs and outputs excluded);
+    ``layers``: the calls per step; ``context``: the tokens of context per request the figures assume.
+    """
+
+    route: str
+    mode: str
+    selected: bool
+    kv_read_bytes: int
+    workspace_bytes: int
+    layers: int
+    context: int
+
+
+CostHook = Callable[[BaseModel, Mapping[str, int | None], int | None], Sequence[RouteCost]]
+"""``costs(options, env, context)``: the task's validated options, the plan's expression environment at one
+capture size (constants, ``tokens``, ``requests``) and the live context per request to assume (None: the
+hook's worst case) -> one :class:`RouteCost` per route and mode."""
+
+
+@dataclass(frozen=True)
 class TaskFactory:
     """A registered factory: ``factory`` is ``'package.module:function'``; ``options`` validates its keyword
-    options (a pydantic model; declare it with ``extra='forbid'`` so a typo is an error)."""
+    options (a pydantic model; declare it with ``extra='forbid'`` so a typo is an error); ``costs``: an
+    optional :data:`CostHook` for ``graphbuf plan``."""
 
     factory: str
     options: type[BaseModel]
+    costs: CostHook | None = None
 
 
 def declare_options(options: type[BaseModel]) -> Callable[[F], F]:

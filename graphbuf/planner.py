@@ -9,9 +9,11 @@ allocates one slab of :attr:`Plan.total_bytes` and carves every buffer out of it
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from graphbuf.errors import PlanTooLargeError
 from graphbuf.expr import Expr, parse_expr
@@ -19,6 +21,8 @@ from graphbuf.spec import ITEMSIZE, GraphSpec, capture_sizes_of, check_spec, loa
 
 if TYPE_CHECKING:
     import torch
+
+    from graphbuf.factories import RouteCost
 
 __all__ = [
     "ALIGNMENT",
@@ -165,6 +169,29 @@ class Plan:
             n *= dim.eval(env)
         return n * ws.itemsize
 
+    def route_costs(self, tokens: int, context: int | None = None) -> list[tuple[str, RouteCost]]:
+        """``(task name, RouteCost)`` for every route and mode of the spec's tasks at capture size ``tokens``,
+        from the cost hooks their registered factories declare (:class:`graphbuf.factories.TaskFactory`).
+        ``context``: live tokens of context per request to assume (None: each hook's worst case). Tasks
+        without a hook, or whose options need an unset constant, report nothing."""
+        from graphbuf.factories import registered_factories, resolve_options
+
+        env = self.env(tokens)
+        out: list[tuple[str, RouteCost]] = []
+        for task in self.spec.tasks:
+            decl = registered_factories().get(task.factory)
+            if decl is None or decl.costs is None:
+                continue
+            values, problems = resolve_options(task.factory, task.options, self.constants)
+            try:
+                options = decl.options.model_validate(values)
+            except ValidationError:  # an option over an unset constant is still an expression
+                continue
+            if problems:
+                continue
+            out += [(task.name, cost) for cost in decl.costs(options, env, context)]
+        return out
+
     def memory_at(self, tokens: int) -> SizeMemory:
         """The memory a graph captured at ``tokens`` uses (see :class:`SizeMemory`)."""
         buffer_bytes = 0
@@ -183,7 +210,7 @@ class Plan:
 
     def memory_totals(self) -> dict[str, int]:
         """Whole-plan memory: the device slab (one, shared by every size), the host staging copies, and the
-        task workspaces: the peak over sizes (graphs share one memory pool, as vLLM captures them) and the
+        task workspaces: the peak over sizes (graphs share one memory pool, as engines capture them) and the
         sum (a pool per graph)."""
         per = [self.memory_at(s) for s in self.capture_sizes]
         return {
@@ -193,8 +220,9 @@ class Plan:
             "workspace_sum_bytes": sum(m.workspace_bytes for m in per),
         }
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready summary: buffers, totals and, per capture size, captured rows and workspaces."""
+    def to_dict(self, context: int | None = None) -> dict[str, Any]:
+        """A JSON-ready summary: buffers, totals and, per capture size, captured rows, workspaces and what
+        each task route reads and materializes per step (``context``: see :meth:`route_costs`)."""
         return {
             "name": self.spec.name,
             "constants": dict(self.constants),
@@ -221,6 +249,7 @@ class Plan:
                     "rows": {b.name: self.shape_at(b, s)[0] for b in self.buffers},
                     "workspace_bytes": {w.name: self.workspace_bytes(w, s) for w in self.workspaces},
                     "memory": _memory_dict(self.memory_at(s)),
+                    "routes": [{"task": name, **asdict(cost)} for name, cost in self.route_costs(s, context)],
                 }
                 for s in self.capture_sizes
             },

@@ -45,7 +45,7 @@ def test_run_py_succeeds_and_writes_every_json_and_the_plot(
 ) -> None:
     proc, out, plot = quick_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    for name in ("refresh", "capacity", "address_check", "emulator", "cuda", "verify", "cli"):
+    for name in ("refresh", "capacity", "address_check", "emulator", "cuda", "verify", "decode", "cli"):
         assert f"=== {name} ===" in proc.stdout
         _results(out, name)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -110,3 +110,15 @@ def test_cuda_benchmark_code_paths_run_on_the_cpu_device() -> None:
     assert {r["task"] for r in res["replay"]} == {"decode", "verify"}
     assert all(r["max_abs_diff_replay_vs_eager"] == 0 for r in res["replay"])
     assert "bound µs" in bench_cuda.render(res)
+
+
+def test_decode_results_follow_live_context_and_match_the_plan(
+    quick_run: tuple[subprocess.CompletedProcess[str], Path, Path],
+) -> None:
+    _, out, _ = quick_run
+    rows = _results(out, "decode")["results"]["rows"]
+    assert rows and all(r["paged_gathered_bytes"] == r["plan_paged_kv_read_bytes_per_layer"] for r in rows)
+    assert all(r["dense_gathered_bytes"] == r["plan_dense_kv_read_bytes_per_layer"] for r in rows)
+    short = min(rows, key=lambda r: r["context"])
+    assert short["paged_gathered_bytes"] * 10 < short["dense_gathered_bytes"]
+    assert all(r["max_abs_diff"] <= 0.015 for r in rows)

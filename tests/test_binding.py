@@ -166,16 +166,42 @@ def test_drill_json_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
     assert [s["size"] for s in out["sizes"]] == list(range(4, 65, 4))
 
 
-def test_spec_chooses_blockwise_verify() -> None:
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"verify": {"verify_mode": "blockwise", "chunk_blocks": 1}, "decode": {}},
+        {"verify": {"verify_mode": "dense"}, "decode": {"decode_mode": "dense"}},
+    ],
+)
+def test_spec_options_choose_the_routes_the_drill_proves(options: dict[str, dict[str, object]]) -> None:
     spec = graphbuf.load_spec("gemma4-31b-it-mtp")
-    tasks = [
-        t.model_copy(update={"options": {**t.options, "verify_mode": "blockwise", "chunk_blocks": 1}})
-        if t.name == "verify" else t
-        for t in spec.tasks
-    ]  # fmt: skip
+    tasks = [t.model_copy(update={"options": {**t.options, **options[t.name]}}) for t in spec.tasks]
     spec = spec.model_copy(update={"tasks": tasks})
     report = run_drill(spec, replays=12, overrides={"max_model_len": 256, "drill_layers": 1})
     assert report.ok, report.render()
+    # Dense decode has no host arguments to re-issue; paged decode re-issues its KV lengths.
+    assert (report.stats["task_updates"] > 0) == ("decode_mode" not in options["decode"])
+
+
+def test_dense_decode_task_reads_device_lengths_without_host_args() -> None:
+    bufs = gemma_buffers()
+    task = Gemma4AttentionTask(
+        "decode", mode="decode", group="full", layers=1, num_heads=16, num_kv_heads=2, head_dim=64,
+        decode_mode="dense",
+    )  # fmt: skip
+    task.bind(bufs, torch.Generator().manual_seed(0))
+    runner = GraphRunner(bufs, task, output_rows="requests")
+    runner.capture()
+    rng = np.random.default_rng(4)
+    for live in (4, 2):
+        src = make_batch(bufs.plan, live, rng, 32)
+        assert task.host_args(runner.size_for(live), live, src) == {}
+        got = runner.run(src)
+        torch.testing.assert_close(got, reference(task, src["block_table.full"], src["seq_lens"]))
+    graph = runner._graphs[runner.size_for(2)].graph
+    assert [t.kind for t in graph.tasks] == [TaskKind.CUSTOM]
+    with pytest.raises(ValueError, match="decode_mode 'pagd'; allowed: paged, dense"):
+        LargeHeadBinding(q_len=1, head_dim=64, decode_mode="pagd")
 
 
 def test_drill_reports_a_mismatch_as_failure() -> None:

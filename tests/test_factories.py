@@ -50,9 +50,14 @@ def _gemma_with(tmp_path: Path, old: str, new: str) -> Path:
             "tasks[0].options.layerz: unknown option",
         ),
         (
-            "verify_mode: dense",
-            "verify_mode: dens",
+            "verify_mode: blockwise",
+            "verify_mode: blockwis",
             "tasks[1].options.verify_mode: Input should be 'dense' or",
+        ),
+        (
+            "decode_mode: paged",
+            "decode_mode: pagd",
+            "tasks[0].options.decode_mode: Input should be 'paged' or",
         ),
         ("      layers: drill_layers\n", "      layers: drill_layerz\n", "tasks[0].options.layers:"),
         ("      num_heads: num_heads_per_rank\n", "", "tasks[0].options.num_heads: Field required"),

@@ -150,6 +150,39 @@ def test_blockwise_matches_dense_low_precision(dtype):
     torch.testing.assert_close(blockwise.float(), dense.float(), **TOL)
 
 
+def _reference_f64(query, key_cache, value_cache, table, seq_lens, q_len, scale):
+    """Float64 reference, one request at a time over its own blocks (vectorized per request)."""
+    block_size = key_cache.shape[1]
+    out = torch.zeros(query.shape, dtype=torch.float64)
+    for r, n in enumerate(seq_lens):
+        blocks = [int(b) for b in table[r, : -(-n // block_size)]]
+        k = key_cache[blocks].double().reshape(-1, *key_cache.shape[2:])[:n]
+        v = value_cache[blocks].double().reshape(-1, *value_cache.shape[2:])[:n]
+        rep = query.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        for i in range(q_len):
+            visible = n - q_len + i + 1
+            if visible <= 0:
+                continue
+            s = torch.einsum("hd,khd->hk", query[r * q_len + i].double(), k[:visible]) * scale
+            out[r * q_len + i] = torch.einsum("hk,khd->hd", torch.softmax(s, -1), v[:visible])
+    return out
+
+
+@pytest.mark.parametrize("q_len", [4, 1])
+def test_blockwise_bf16_at_gemma4_scale_matches_float64_reference(q_len):
+    """The numerics that make blockwise the default verify: bf16, Gemma4's per-rank geometry (16 query
+    heads, 2 KV heads, head 512), block 128, contexts up to max_model_len 5500, rtol = atol = 0.015."""
+    seq_lens = [5500, 2049, 130, q_len, 0, 1000]
+    case = _make_case(seq_lens=seq_lens, q_len=q_len, num_heads=16, num_kv_heads=2, block_size=128,
+                      width=43, num_blocks=120, dtype=torch.bfloat16, seed=8)  # fmt: skip
+    scale = _scale(512)
+    ref = _reference_f64(*case[:4], seq_lens, q_len, scale)
+    for chunk_blocks in (2, 5):
+        out = lh.verify_attention_blockwise(*case, q_len, scale, chunk_blocks)
+        torch.testing.assert_close(out.double(), ref, **TOL)
+
+
 def test_production_block_size_128():
     case = _make_case(seq_lens=[200, 129, 0], q_len=4, block_size=128, width=2, num_blocks=8, seed=7)
     scale = _scale(512)
@@ -263,15 +296,55 @@ def test_decode_matches_reference(chunk_blocks):
     )
 
 
-def test_decode_host_lengths_off_npu_use_device_lengths():
-    query, key_cache, value_cache, table, lens = _make_case(seq_lens=[9, 30], q_len=1, seed=13)
+def test_paged_decode_off_npu_reads_host_lengths_only():
+    """Off an NPU, host lengths select the software paged decode: the NPU kernel's contract (the lengths
+    come from the host list, never from the device ``seq_lens``)."""
+    query, key_cache, value_cache, table, lens = _make_case(seq_lens=[9, 30, 0], q_len=1, seed=13)
     scale = _scale(512)
-    out = lh.decode_attention(query, key_cache, value_cache, table, lens, scale, seq_lens_host=[9, 30])
-    torch.testing.assert_close(out, lh.decode_attention(query, key_cache, value_cache, table, lens, scale))
+    out = lh.decode_attention(query, key_cache, value_cache, table, lens, scale, seq_lens_host=[9, 30, 0])
+    torch.testing.assert_close(
+        out, _reference(query, key_cache, value_cache, table, lens, 1, scale), rtol=1e-5, atol=1e-5
+    )
+    assert not out[2].any()  # a 0-length (padding) row gives zeros
+    # Stale host lengths (a task not re-issued): the kernel reads what the host list says, not the device.
+    stale = [4, 17, 0]
+    out = lh.decode_attention(query, key_cache, value_cache, table, lens, scale, seq_lens_host=stale)
+    expect = _reference(query, key_cache, value_cache, table, torch.tensor(stale), 1, scale)
+    torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="seq_lens_host"):
         lh.decode_attention(query, key_cache, value_cache, table, lens, scale, seq_lens_host=[9])
     with pytest.raises(ValueError, match="seq_lens_host"):
-        lh.decode_attention(query, key_cache, value_cache, table, lens, scale, seq_lens_host=[9, 10**6])
+        lh.decode_attention(query, key_cache, value_cache, table, lens, scale, seq_lens_host=[9, 10**6, 0])
+
+
+class _GatherCount(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the elements every index_select (the KV gather) materializes."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.index_select.default:
+            self.elements += out.numel()
+        return out
+
+
+@pytest.mark.parametrize("host_lens", [[5, 16, 0], [40, 3, 1], [0, 0, 0]])
+def test_paged_decode_gathers_only_the_blocks_the_host_lengths_need(host_lens):
+    block_size, width, kv_heads, head_dim = 16, 4, 2, 64
+    query, key_cache, value_cache, table, lens = _make_case(
+        seq_lens=host_lens, q_len=1, head_dim=head_dim, block_size=block_size, width=width, seed=14
+    )
+    with _GatherCount() as paged:
+        lh.decode_attention(query, key_cache, value_cache, table, lens, 0.1, seq_lens_host=host_lens)
+    with _GatherCount() as dense:
+        lh.decode_attention(query, key_cache, value_cache, table, lens, 0.1)
+    needed = max(1, max(-(-n // block_size) for n in host_lens))
+    per_key = len(host_lens) * kv_heads * head_dim * 2  # K and V
+    assert paged.elements == needed * block_size * per_key
+    assert dense.elements == width * block_size * per_key
 
 
 # --- validation ---------------------------------------------------------------------------------------------

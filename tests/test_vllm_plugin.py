@@ -15,6 +15,7 @@ plugins once per process; they need vllm importable and graphbuf pip-installed (
 from __future__ import annotations
 
 import ast
+import dataclasses
 import enum
 import importlib
 import importlib.metadata
@@ -35,6 +36,7 @@ import torch
 import graphbuf.adapters.vllm_ascend.patch as patch
 import graphbuf.adapters.vllm_ascend.plugin as plugin
 import graphbuf.adapters.vllm_ascend.resolve as resolve
+import graphbuf.adapters.vllm_ascend.routed_decode as routed_decode
 import graphbuf.adapters.vllm_ascend.routing as routing
 from graphbuf.errors import GraphbufError, WidthError
 from graphbuf.graphs.graph import Graph
@@ -97,17 +99,30 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     calls: list[tuple[str, dict[str, Any]]] = []
     module = types.ModuleType(LARGE_HEAD_MODULE)
 
-    def decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale):  # type: ignore[no-untyped-def]
-        calls.append(("decode", _seen(block_table, seq_lens, scale=scale, query=query)))
+    def decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale, *, seq_lens_host=None):  # type: ignore[no-untyped-def]
+        seen = _seen(block_table, seq_lens, scale=scale, query=query, seq_lens_host=seq_lens_host)
+        calls.append(("decode", seen))
         return torch.ones_like(query)
 
     def verify_attention(query, key_cache, value_cache, block_table, seq_lens, q_len, scale):  # type: ignore[no-untyped-def]
-        calls.append(("verify", _seen(block_table, seq_lens, q_len=q_len, scale=scale)))
+        calls.append(("verify", _seen(block_table, seq_lens, q_len=q_len, scale=scale, mode="dense")))
         return torch.ones_like(query)
 
+    def verify_attention_blockwise(query, key_cache, value_cache, block_table, seq_lens, q_len, scale,  # type: ignore[no-untyped-def]
+                                   chunk_blocks=2):  # fmt: skip
+        seen = _seen(
+            block_table, seq_lens, q_len=q_len, scale=scale, mode="blockwise", chunk_blocks=chunk_blocks
+        )
+        calls.append(("verify", seen))
+        return torch.ones_like(query)
+
+    module.DEFAULT_CHUNK_BLOCKS = 2  # type: ignore[attr-defined]
     module.decode_attention = decode_attention  # type: ignore[attr-defined]
     module.verify_attention = verify_attention  # type: ignore[attr-defined]
+    module.verify_attention_blockwise = verify_attention_blockwise  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, LARGE_HEAD_MODULE, module)
+    # The routed paged decode tasks call large_head through their own module.
+    monkeypatch.setattr(routed_decode, "large_head", module)
     return SimpleNamespace(calls=calls, module=module)
 
 
@@ -409,9 +424,10 @@ def test_routed_layer_that_graphbuf_cannot_run_falls_back_with_a_reason(
     metadata = builder.build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
     run_layer(av1, make_impl(av1), metadata, num_tokens=3)
     assert kernels.calls == [] and original_calls(av1, "forward_impl") == [512, 512]
-    assert "block_table at capture size 2 has 2 rows, the batch needs 3" in resolve.group_buffers(
-        builder
-    ).fallbacks[2]
+    assert (
+        "block_table at capture size 2 has 2 rows, the batch needs 3"
+        in resolve.group_buffers(builder).fallbacks[2]
+    )
 
 
 def reference_attention(
@@ -510,6 +526,9 @@ def test_captured_forward_replays_refreshed_graphbuf_buffers(av1: Any, q_len: in
     metadata = routed_batch(av1, builder, runner, *batches[0], q_len, state)
     captured = getattr(metadata, patch.ROUTE_ATTR)
     assert captured.size == size
+    # The emulator records device-length kernels only: decode takes its dense route here (the paged route's
+    # host lengths are re-issued by update_graph_params: test_paged_decode_* below).
+    captured.group.modes = dataclasses.replace(captured.group.modes, decode="dense")
     graph = Graph("cpu")
     set_capturing(True)
     with graph.capture():
@@ -691,7 +710,7 @@ def test_output_is_never_copied_onto_itself(av1: Any, kernels: Any, alias: str) 
     output = torch.zeros_like(query)
     copies = _spy_copy(output)
 
-    def decode_in_place(query, key_cache, value_cache, block_table, seq_lens, scale):  # type: ignore[no-untyped-def]
+    def decode_in_place(query, key_cache, value_cache, block_table, seq_lens, scale, **kwargs):  # type: ignore[no-untyped-def]
         output.fill_(3.0)
         return output if alias == "same_object" else output.view(2, NUM_HEADS * 512)
 

@@ -8,10 +8,12 @@ count.
 * Decode (one token per request) is an :data:`~graphbuf.TaskKind.ATTENTION` task whose KV lengths are a
   host list (``seq_lens_kv``), as Ascend's fused infer attention takes ``actual_seq_lengths_kv``. The graph
   bakes the list; :meth:`LargeHeadBinding.host_args` gives the fresh one and the runner re-issues the task
-  before replay. On an NPU the task is exactly one ``npu_fused_infer_attention_score.out`` (its buffers and
-  the block-table sanitising are ordinary captured kernels around it); on cpu the software kernel reads the
-  baked list, so a task that is not re-issued replays stale lengths exactly as the device would. CUDA graphs
-  cannot re-issue a task, so on cuda decode reads the device lengths instead.
+  before replay. On an NPU the task is exactly one ``npu_fused_infer_attention_score.out`` (its buffers
+  and the block-table sanitising are ordinary captured kernels around it); on cpu the software kernel reads
+  the baked list, so a task that is not re-issued replays stale lengths exactly as the device would, and
+  reads only the blocks those lengths need. CUDA graphs cannot re-issue a task, so on cuda decode reads the
+  device lengths instead. ``decode_mode="dense"`` keeps the gathered path: a
+  :data:`~graphbuf.TaskKind.CUSTOM` task over the whole allocation with device lengths and no host arguments.
 * Verify (``q_len = 1 + num_speculative_tokens`` tokens per request) is a
   :data:`~graphbuf.TaskKind.SPEC_VERIFY_ATTENTION` task with no host arguments: the causal mask is built
   on the device from the ``seq_lens`` buffer, whose address never changes. With nothing to re-issue, an NPU
@@ -42,6 +44,7 @@ from .large_head import (
 __all__ = ["Gemma4AttentionTask", "LargeHeadBinding", "decode_task", "verify_task"]
 
 VERIFY_MODES = ("dense", "blockwise")
+DECODE_MODES = ("paged", "dense")
 
 
 def _decode_kernel(
@@ -58,12 +61,27 @@ def _decode_kernel(
     if query.device.type == "cuda":  # no task re-issue on cuda: read the device lengths
         out.copy_(decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale))
         return
-    # Software stand-in with the NPU kernel's contract: KV lengths come from the host list, baked at capture.
-    # Each length is a kernel argument (a fill), as in the NPU task; no host tensor is built inside capture.
-    lens = torch.empty(len(seq_lens_kv), dtype=torch.int32, device=query.device)
-    for i, n in enumerate(seq_lens_kv):
-        lens[i] = n
-    out.copy_(decode_attention(query, key_cache, value_cache, block_table, lens, scale))
+    # Software paged decode with the NPU kernel's contract: KV lengths come from the host list baked at
+    # capture, and only the blocks they need are read.
+    out.copy_(
+        decode_attention(
+            query, key_cache, value_cache, block_table, seq_lens, scale, seq_lens_host=seq_lens_kv
+        )
+    )
+
+
+def _dense_decode_kernel(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    scale: float,
+) -> None:
+    # decode_mode "dense": gather the whole allocation, mask with the device lengths; no host arguments.
+    out.copy_(decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale))
 
 
 def _verify_kernel(
@@ -97,6 +115,8 @@ class LargeHeadBinding:
         scale: softmax scale (default ``head_dim ** -0.5``).
         verify_mode: ``"dense"`` (paged KV gathered to dense BNSD) or ``"blockwise"`` (chunked online softmax,
             workspace bounded by ``chunk_blocks``).
+        decode_mode: ``"paged"`` (paged kernel, host KV lengths re-issued before each replay) or ``"dense"``
+            (the whole allocation gathered to dense BNSD, device lengths).
     """
 
     def __init__(
@@ -108,9 +128,13 @@ class LargeHeadBinding:
         scale: float | None = None,
         verify_mode: str = "dense",
         chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
+        decode_mode: str = "paged",
     ) -> None:
         if verify_mode not in VERIFY_MODES:
             raise ValueError(f"verify_mode {verify_mode!r}; allowed: {', '.join(VERIFY_MODES)}")
+        if decode_mode not in DECODE_MODES:
+            raise ValueError(f"decode_mode {decode_mode!r}; allowed: {', '.join(DECODE_MODES)}")
+        self.decode_mode = decode_mode
         self.group = group
         self.q_len = q_len
         self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
@@ -133,6 +157,12 @@ class LargeHeadBinding:
         bt = self.block_table(step.views)
         lens = step.views["seq_lens"]
         b = bt.shape[0]
+        if self.decode_mode == "dense":
+            step.task(
+                TaskKind.CUSTOM, _dense_decode_kernel, query[:b], key_cache, value_cache, bt, lens, out[:b],
+                scale=self.scale,
+            )  # fmt: skip
+            return out[:b]
         if kernels.uses_npu_kernels(query):
             return self._decode_npu(step, query[:b], key_cache, value_cache, bt, lens, out[:b])
         step.task(
@@ -223,6 +253,7 @@ class Gemma4AttentionTask:
         dtype: str = "float32",
         verify_mode: str = "dense",
         chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
+        decode_mode: str = "paged",
     ) -> None:
         if mode not in ("decode", "verify"):
             raise ValueError(f"mode {mode!r}; allowed: decode, verify")
@@ -231,14 +262,14 @@ class Gemma4AttentionTask:
         self.name, self.mode, self.group, self.layers = name, mode, group, layers
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dtype = getattr(torch, dtype)
-        self.verify_mode, self.chunk_blocks = verify_mode, chunk_blocks
+        self.verify_mode, self.chunk_blocks, self.decode_mode = verify_mode, chunk_blocks, decode_mode
         self.output_rows = "requests" if mode == "decode" else "tokens"
 
     def bind(self, buffers: StaticBuffers, generator: torch.Generator) -> None:
         p = buffers.plan
         self.binding = LargeHeadBinding(
             group=self.group, q_len=p.tokens_per_request, head_dim=self.head_dim,
-            verify_mode=self.verify_mode, chunk_blocks=self.chunk_blocks,
+            verify_mode=self.verify_mode, chunk_blocks=self.chunk_blocks, decode_mode=self.decode_mode,
         )  # fmt: skip
         self.capture_requests = {s: s // p.tokens_per_request for s in p.capture_sizes}
         block_size = int(p.constants["block_size"])  # type: ignore[arg-type]
@@ -269,8 +300,8 @@ class Gemma4AttentionTask:
         return torch.stack(outs, dim=1)
 
     def host_args(self, size: int, live: int, sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-        if self.mode != "decode" or self.query.device.type == "cuda":
-            return {}  # verify has no host arguments; cuda decode reads device lengths
+        if self.mode != "decode" or self.decode_mode == "dense" or self.query.device.type == "cuda":
+            return {}  # verify and dense decode have no host arguments; cuda decode reads device lengths
         requests = self.capture_requests.get(size, live)
         return self.binding.host_args(requests, sources["seq_lens"])
 

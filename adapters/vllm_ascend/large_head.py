@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import kernels
+from . import costs, kernels
 
 __all__ = [
     "DEFAULT_CHUNK_BLOCKS",
@@ -337,6 +337,8 @@ def decode_attention(
       scale=...)`` (default: a plain call; the binding passes ``Step.task`` so that call, and only it, is the
       captured task group).
     * ``chunk_blocks`` given: the blockwise path of :func:`verify_attention_blockwise` with ``q_len == 1``.
+    * Elsewhere, ``seq_lens_host`` given, ``chunk_blocks`` None: the software paged decode with the same
+      contract: KV lengths from ``seq_lens_host`` only, gathering only the blocks they need.
     * Otherwise: the dense gather path of :func:`verify_attention` with ``q_len == 1``, device lengths.
     """
     fn = "decode_attention"
@@ -353,7 +355,30 @@ def decode_attention(
             )
         if kernels.uses_npu_kernels(query) and query.dtype != torch.float32:
             return _paged_decode_npu(query, key_cache, value_cache, block_table, seq_lens, lens, scale, issue)
+        if not kernels.uses_npu_kernels(query):
+            return _paged_decode_software(query, key_cache, value_cache, block_table, lens, scale, batch)
     return _dense(query, key_cache, value_cache, block_table, seq_lens, 1, scale, batch)
+
+
+def _paged_decode_software(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens_host: list[int],
+    scale: float,
+    batch: int,
+) -> torch.Tensor:
+    """The paged kernel's contract in software: KV lengths are the host list only (the device ``seq_lens``
+    is not read), and only the blocks those lengths need are gathered (the batch's longest), so a task
+    replayed with stale lengths reads stale context exactly as the NPU kernel would."""
+    block_size = key_cache.shape[1]
+    needed = max(1, max((-(-n // block_size) for n in seq_lens_host), default=1))
+    # Each length is a kernel argument (a fill), as in the NPU task; no host tensor is built inside capture.
+    lens = torch.empty(batch, dtype=torch.int32, device=query.device)
+    for i, n in enumerate(seq_lens_host):
+        lens[i] = n
+    return _dense(query, key_cache, value_cache, block_table[:, :needed], lens, 1, scale, batch)
 
 
 def _paged_decode_npu(
@@ -425,31 +450,6 @@ def verify_workspace_bytes(
             f"verify_workspace_bytes: num_heads={heads} must be a positive multiple of {num_kv_heads}"
         )
     item = torch.empty((), dtype=dtype).element_size()
-    f32 = 4
-    table = batch * width * (8 + 4)  # int64 working copy + int32 sanitized ids
-    query_side = batch * heads * q_len * head_dim
-
-    keys = width * block_size
-    dense = (
-        table
-        + batch * num_kv_heads * keys * 8  # flat row index (shared by K and V)
-        + 2 * batch * num_kv_heads * keys * head_dim * item  # gathered K and V, BNSD
-        + batch * q_len * keys  # bool mask
-        + 2 * query_side * item  # query and output in BNSD
+    return costs.verify_workspace_bytes(
+        batch, q_len, width, block_size, num_kv_heads, head_dim, item, chunk_blocks, heads
     )
-
-    chunk = min(chunk_blocks, width) * block_size
-    cast = 0 if dtype == torch.float32 else batch * num_kv_heads * chunk * head_dim * f32
-    blockwise = (
-        table
-        + batch * num_kv_heads * chunk * 8  # flat row index of one chunk
-        + 2 * batch * num_kv_heads * chunk * head_dim * item  # gathered K and V chunk
-        + cast  # a float32 copy of one of them
-        + batch * heads * q_len * chunk * f32  # scores, turned into probabilities in place
-        + batch * q_len * chunk  # bool mask of one chunk
-        + query_side * (item + f32)  # query BNSD and its scaled float32 copy
-        + 3 * query_side * f32  # accumulator, its update and the normalized output
-        + 4 * batch * heads * q_len * f32  # running max, sum, new max, rescale
-        + query_side * item  # output in the query dtype
-    )
-    return {"dense": dense, "blockwise": blockwise}

@@ -6,8 +6,9 @@ hook), :func:`apply`, :func:`unpatch`, :func:`is_patched`. It wraps
 ``AscendAttentionBackendImpl.forward_impl``,
 ``AscendAttentionBackendImpl.update_graph_params`` (a staticmethod: 0.23/0.24 call it with 7 positional
 arguments, 0.25.1+ pass ``draft_attn_metadatas`` by keyword; the wrapper binds either form to the original
-signature) and ``AscendAttentionMetadataBuilder.build``. What the wrappers do with a call is the routing
-policy's (``routing.py``); this module only installs, checks and removes them.
+signature, hides routed metadata from it, then lets the routing policy re-issue graphbuf's own tasks) and
+``AscendAttentionMetadataBuilder.build``. What the wrappers do with a call is the routing policy's
+(``routing.py``); this module only installs, checks and removes them.
 
 Every target is checked before any is changed; a failed check raises ``GraphbufError`` naming what is
 missing, with nothing changed. The originals are kept on the classes and restored by :func:`unpatch`. The
@@ -162,8 +163,8 @@ def _wrap_update_graph_params(original: Callable[..., Any]) -> Callable[..., Any
             return original(*args, **kwargs)
         changed = False
         forward_context = bound.arguments.get("forward_context")
+        attn_metadata = getattr(forward_context, "attn_metadata", None)
         if forward_context is not None:
-            attn_metadata = getattr(forward_context, "attn_metadata", None)
             kept = routing.without_routed(attn_metadata)
             if kept is not attn_metadata:
                 bound.arguments["forward_context"] = routing.ForwardContextView(forward_context, kept)
@@ -173,9 +174,12 @@ def _wrap_update_graph_params(original: Callable[..., Any]) -> Callable[..., Any
         if kept_drafts is not drafts:
             bound.arguments["draft_attn_metadatas"] = kept_drafts
             changed = True
-        if not changed:
-            return original(*args, **kwargs)
-        return original(*bound.args, **bound.kwargs)
+        result = original(*bound.args, **bound.kwargs) if changed else original(*args, **kwargs)
+        if changed:  # routed metadata present: re-issue graphbuf's own tasks with its host KV lengths
+            routing.update_routed(
+                bound.arguments.get("update_stream"), bound.arguments.get("num_tokens"), attn_metadata, drafts
+            )
+        return result
 
     return update_graph_params
 

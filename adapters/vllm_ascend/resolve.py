@@ -15,6 +15,10 @@ The variant is validated with those overrides, so an envelope the spec cannot ho
 not a multiple of ``1 + num_speculative_tokens``, or implies more requests than ``max_num_seqs``) raises
 :class:`graphbuf.SpecError` before anything is allocated.
 
+The routes a group's attention takes come from the same spec's task options (:func:`route_modes`): the
+``decode_mode`` of its ``decode_task`` and the ``verify_mode`` / ``chunk_blocks`` of its ``verify_task``,
+validated by the models of ``task_options`` (their defaults where the spec has no such task).
+
 Invariants of :meth:`GroupBuffers.resolve`: it returns the views of one capture size, whose addresses never
 change; after it, rows ``[:num_reqs]`` equal the runner's rows, every later row is 0 (``seq_lens`` 0: the
 kernels return zeros for those rows and read no cache block past column 0), and a runner table wider than
@@ -27,13 +31,18 @@ import bisect
 import functools
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from graphbuf.buffers import StaticBuffers
 from graphbuf.errors import SpecError
+from graphbuf.factories import resolve_options
 from graphbuf.spec import GraphSpec, load_spec
+
+from .routed_decode import RoutedDecodes
+from .task_options import DECODE_TASK, VERIFY_TASK, DecodeTaskOptions, VerifyTaskOptions
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +53,11 @@ __all__ = [
     "SEQ_LENS",
     "SPEC_NAME",
     "GroupBuffers",
+    "RouteModes",
     "capture_sizes",
     "envelope_sizes",
     "group_buffers",
+    "route_modes",
     "routed_spec",
     "spec_overrides",
 ]
@@ -134,6 +145,36 @@ def envelope_sizes(
     return sorted(set(routed)), sorted(set(not_routed), key=str)
 
 
+@dataclass(frozen=True)
+class RouteModes:
+    """The routes of a group's attention: ``decode`` (``"paged"`` or ``"dense"``), ``verify``
+    (``"blockwise"`` or ``"dense"``) and the blockwise verify's ``chunk_blocks``."""
+
+    decode: str
+    verify: str
+    chunk_blocks: int
+
+
+def route_modes(spec: GraphSpec, overrides: Mapping[str, int] | None = None) -> RouteModes:
+    """The routes ``spec``'s task options select: the options of its first ``decode_task`` and first
+    ``verify_task`` (expressions over constants resolved with ``overrides``), validated by the task options
+    models. SpecError naming the task when an option is invalid."""
+    constants = spec.constants_with(overrides, spec.name)
+    chosen: dict[str, Any] = {}
+    for decl, model in ((DECODE_TASK, DecodeTaskOptions), (VERIFY_TASK, VerifyTaskOptions)):
+        task = next((t for t in spec.tasks if t.factory == decl.factory), None)
+        values: dict[str, Any] = {}
+        problems: list[tuple[str, str]] = []
+        if task is not None:
+            values, problems = resolve_options(decl.factory, task.options, constants)
+        if problems:
+            name = task.name if task is not None else decl.factory
+            raise SpecError(f"{spec.name}: " + "; ".join(f"tasks[{name}].{f}: {m}" for f, m in problems))
+        defaults = {name: f.default for name, f in model.model_fields.items() if not f.is_required()}
+        chosen.update({k: values.get(k, v) for k, v in defaults.items()})
+    return RouteModes(chosen["decode_mode"], chosen["verify_mode"], int(chosen["chunk_blocks"]))
+
+
 def routed_spec(
     vllm_config: Any, kv_cache_spec: Any, q_len: int | None = None, kernel_block_size: int | None = None
 ) -> tuple[GraphSpec, dict[str, int], list[int]] | None:
@@ -185,8 +226,18 @@ class GroupBuffers:
         device: the runner's device.
     """
 
-    def __init__(self, spec: GraphSpec, overrides: Mapping[str, int], device: str | torch.device) -> None:
+    def __init__(
+        self,
+        spec: GraphSpec,
+        overrides: Mapping[str, int],
+        device: str | torch.device,
+        modes: RouteModes | None = None,
+    ) -> None:
         self.buffers = StaticBuffers(spec, device, overrides=overrides)
+        self.modes: RouteModes = modes if modes is not None else route_modes(spec, overrides)
+        """The routes the spec's task options select (:func:`route_modes`)."""
+        self.decodes = RoutedDecodes()
+        """The group's captured paged-decode tasks (decode route ``paged``)."""
         self.tokens_per_request: int = self.buffers.plan.tokens_per_request
         self.capture_sizes: tuple[int, ...] = self.buffers.capture_sizes
         self.not_routed: tuple[int, ...] = ()
@@ -238,6 +289,7 @@ def group_buffers(
         try:
             planned = routed_spec(getattr(builder, "vllm_config", None), builder.kv_cache_spec, q_len,
                                   kernel_block_size)  # fmt: skip
+            modes = None if planned is None else route_modes(_base_spec(), planned[1])
         except SpecError as exc:
             logger.warning("graphbuf: KV group left on vllm-ascend's path (not routed): %s", exc)
             planned = None
@@ -245,7 +297,7 @@ def group_buffers(
             cache[q_len] = None
         else:
             spec, overrides, not_routed = planned
-            buffers = GroupBuffers(spec, overrides, where if where is not None else "cpu")
+            buffers = GroupBuffers(spec, overrides, where if where is not None else "cpu", modes)
             buffers.not_routed = tuple(not_routed)
             _log_not_routed(builder, buffers)
             cache[q_len] = buffers

@@ -28,9 +28,14 @@
    sinks or ALiBi, more query tokens than the route's rows, no KV cache) falls back to upstream's path with
    a logged reason, and the group's capture size is marked so every later batch of that size keeps
    upstream's path too (capture and replay agree). Every other call runs the original method.
-6. Replay updates. ``update_graph_params`` is called without routed groups' metadata (a ``Route`` with a
-   ``q_len``): their captured work is graphbuf's, not a fused-attention task, and vllm-ascend pairs its
-   captured task parameters with the layers it is given.
+6. Routes. The spec's task options choose them (``resolve.route_modes``): decode ``paged`` (default: the
+   paged kernel over the host KV lengths, one captured task per layer and size, ``routed_decode.py``) or
+   ``dense`` (the whole allocation gathered, device lengths); verify ``blockwise`` (default: chunked online
+   softmax, workspace bounded by ``chunk_blocks``) or ``dense``.
+7. Replay updates. ``update_graph_params`` is called without routed groups' metadata (a ``Route`` with a
+   ``q_len``): vllm-ascend pairs its captured task parameters with the layers it is given, and graphbuf's
+   tasks are not among them. Then :func:`update_routed` re-issues the paged decode tasks of every routed
+   group in the step's metadata with the route's host KV lengths (``Route.seq_lens_host``), before replay.
 
 Tensors handed to graphbuf's kernels are graphbuf's own captured buffers (``resolve.py``), never the
 runner's. This module imports only the standard library at import time.
@@ -54,6 +59,7 @@ __all__ = [
     "forward",
     "kernel_block_size",
     "plan_route",
+    "update_routed",
     "without_routed",
 ]
 
@@ -82,7 +88,8 @@ class Route:
     for any other batch (then ``reason`` says why and nothing else is set). ``block_table``
     (``[size // q_len, W]`` int32, ``W`` in kernel blocks) and ``seq_lens`` (``[size // q_len]`` int32) are
     views of the group's graphbuf buffers at capture size ``size``: fixed addresses, refreshed by ``build``,
-    rows from ``num_reqs`` (the live requests) on cleared to 0. ``group``: the group's ``GroupBuffers``.
+    rows from ``num_reqs`` (the live requests) on cleared to 0. ``seq_lens_host``: the same lengths as host
+    ints (the paged decode's ``actual_seq_lengths_kv``). ``group``: the group's ``GroupBuffers``.
     """
 
     q_len: int | None
@@ -92,6 +99,7 @@ class Route:
     num_reqs: int = 0
     reason: str | None = None
     group: Any = None
+    seq_lens_host: tuple[int, ...] = ()
 
 
 def kernel_block_size(builder: Any, manager_block_size: int) -> int:
@@ -115,7 +123,8 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
 
     Rules 1-4 of the module docstring. For a routed uniform batch it refreshes the group's graphbuf buffers
     (created on the group's first routed build) and returns their views; a ``graphbuf.RefreshError``
-    (``WidthError`` for a table wider than the allocation) propagates with the buffers unchanged.
+    (``WidthError`` for a table wider than the allocation; host KV lengths past the table's capacity)
+    propagates with the buffers unchanged.
     """
     if _enum_name(_graph_mode(builder)) not in ROUTED_GRAPH_MODES:
         return None
@@ -168,10 +177,37 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     if size in buffers.fallbacks:
         return Route(q_len=None, reason=buffers.fallbacks[size])
     live = num_tokens // q_len
+    host = _live_host_lens(common_attn_metadata, attn_metadata, live)
+    capacity = kernel_block * int(buffers.buffers.plan[resolve.BLOCK_TABLE].shape[1])
+    if host is not None and any(n < 0 or n > capacity for n in host):
+        errors = importlib.import_module("graphbuf.errors")
+        raise errors.RefreshError(
+            f"{resolve.SEQ_LENS}: host KV lengths {host} of capture size {size} must lie in [0, {capacity}] "
+            f"(the captured block table's {capacity // kernel_block} blocks of {kernel_block}); the paged "
+            "kernel would read past the table. Nothing was refreshed."
+        )
     views = buffers.resolve(size, block_table, seq_lens, live)
+    if host is None:
+        host = [int(n) for n in views[1][:live].tolist()]  # the refreshed buffer (a device read)
+    rows = int(views[1].shape[0])
     return Route(
-        q_len=q_len, block_table=views[0], seq_lens=views[1], size=size, num_reqs=live, group=buffers
-    )
+        q_len=q_len, block_table=views[0], seq_lens=views[1], size=size, num_reqs=live, group=buffers,
+        seq_lens_host=tuple(host) + (0,) * (rows - live),
+    )  # fmt: skip
+
+
+def _live_host_lens(common_attn_metadata: Any, attn_metadata: Any, live: int) -> list[int] | None:
+    """The live requests' KV lengths from the host: vllm-ascend's ``seq_lens_list`` (what its own kernels
+    take as ``actual_seq_lengths_kv``), else the runner's host copy of ``seq_lens``."""
+    for values in (
+        getattr(attn_metadata, "seq_lens_list", None),
+        getattr(common_attn_metadata, "_seq_lens_cpu", None),
+        getattr(common_attn_metadata, "seq_lens_cpu", None),
+    ):
+        lens = _host_ints(values, live)
+        if lens is not None:
+            return lens
+    return None
 
 
 def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache: Any, attn_metadata: Any,
@@ -202,13 +238,67 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
     block_table, seq_lens = route.block_table, route.seq_lens
     if int(block_table.shape[0]) != batch:
         block_table, seq_lens = block_table[:batch], seq_lens[:batch]
+    modes = route.group.modes if route.group is not None else None
+    if route.q_len == 1 and (modes is None or modes.decode == "paged"):
+        return _paged_decode(impl, route, query, key_cache, value_cache, block_table, seq_lens, output)
     if route.q_len == 1:
         result = large_head.decode_attention(query, key_cache, value_cache, block_table, seq_lens, impl.scale)
+    elif modes is None or modes.verify == "blockwise":
+        chunk_blocks = modes.chunk_blocks if modes is not None else large_head.DEFAULT_CHUNK_BLOCKS
+        result = large_head.verify_attention_blockwise(
+            query, key_cache, value_cache, block_table, seq_lens, route.q_len, impl.scale, chunk_blocks
+        )
     else:
         result = large_head.verify_attention(
             query, key_cache, value_cache, block_table, seq_lens, route.q_len, impl.scale
         )
     return _store(output, result, num_tokens)
+
+
+def _paged_decode(impl: Any, route: Route, query: Any, key_cache: Any, value_cache: Any, block_table: Any,
+                  seq_lens: Any, output: Any) -> Any:  # fmt: skip
+    """Decode through the group's paged tasks (rule 6), written straight into ``output``'s rows when they are
+    contiguous (a captured task writes a fixed address), else into a buffer copied out."""
+    batch = int(query.shape[0])
+    lens = list(route.seq_lens_host[:batch]) + [0] * max(0, batch - len(route.seq_lens_host))
+    large_head = importlib.import_module(f"{__package__}.large_head")
+    if route.group is None:  # a Route not planned by plan_route: no task registry, one eager call
+        result = large_head.decode_attention(query, key_cache, value_cache, block_table, seq_lens, impl.scale,
+                                             seq_lens_host=lens)  # fmt: skip
+        return _store(output, result, batch)
+    target = None if output is None else (output if int(output.shape[0]) == batch else output[:batch])
+    direct = target is not None and tuple(target.shape) == tuple(query.shape) and target.is_contiguous()
+    out = target if direct else query.new_empty(query.shape)
+    route.group.decodes.run(impl, route.size, _capturing(), query, key_cache, value_cache, block_table,
+                            seq_lens, lens, impl.scale, out)  # fmt: skip
+    return output if direct else _store(output, out, batch)
+
+
+def update_routed(update_stream: Any, num_tokens: int, *containers: Any) -> int:
+    """Rule 7: re-issue the paged decode tasks of every routed group whose metadata is in ``containers``
+    (layer-name dicts, or lists of them) with its route's host KV lengths, then arm the events of the tasks
+    of that size. Returns the number of tasks re-issued."""
+    done: set[int] = set()
+    count = 0
+    for route in _routes(containers):
+        group = route.group
+        if route.q_len != 1 or group is None or id(group) in done or group.modes.decode != "paged":
+            continue
+        done.add(id(group))
+        size = route.size if route.size is not None else num_tokens
+        count += group.decodes.update(size, route.seq_lens_host, update_stream)
+        group.decodes.arm(size, update_stream)
+    return count
+
+
+def _routes(containers: Any) -> list[Route]:
+    found: list[Route] = []
+    for container in containers:
+        if isinstance(container, dict):
+            found += [r for r in (getattr(m, ROUTE_ATTR, None) for m in container.values()) if r is not None]
+        elif isinstance(container, (list, tuple)):
+            found += _routes(container)
+    return [r for r in found if r.q_len is not None]
 
 
 def _problems(
@@ -313,13 +403,18 @@ def without_routed(container: Any) -> Any:
     return container
 
 
-def _under_full_graph() -> bool:
+def _capturing() -> bool:
+    """vllm-ascend's forward context says a graph is being captured."""
     try:
         extra = importlib.import_module("vllm_ascend.ascend_forward_context")._EXTRA_CTX
-        if getattr(extra, "capturing", False):
-            return True
+        return bool(getattr(extra, "capturing", False))
     except Exception:  # no forward context set, or an older vllm-ascend layout
-        pass
+        return False
+
+
+def _under_full_graph() -> bool:
+    if _capturing():
+        return True
     context = _forward_context()
     return context is not None and _enum_name(getattr(context, "cudagraph_runtime_mode", None)) == "FULL"
 

@@ -1,7 +1,9 @@
-"""Options of the adapter's drill task factories (``binding.decode_task``, ``binding.verify_task``).
+"""Options of the adapter's task factories (``binding.decode_task``, ``binding.verify_task``).
 
 Registered through the ``graphbuf.tasks`` entry points in ``pyproject.toml``. This module imports pydantic
-only, so ``graphbuf check`` validates a spec's task options without importing torch or the binding.
+(and the pure-arithmetic ``costs``) only, so ``graphbuf check`` and ``graphbuf plan`` validate a spec's task
+options and report its routes' costs without importing torch or the binding. The same options choose the
+routes of the drill's tasks and of the vllm-ascend patch (``resolve.route_modes``).
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from graphbuf.factories import TaskFactory
 
+from .costs import decode_costs, verify_costs
+
 __all__ = ["DECODE_TASK", "VERIFY_TASK", "DecodeTaskOptions", "VerifyTaskOptions"]
 
 
-class DecodeTaskOptions(BaseModel):
-    """Options of ``decode_task``: large-head decode attention over ``layers`` full-attention layers."""
+class _AttentionOptions(BaseModel):
+    """Options every large-head attention task takes."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -27,12 +31,30 @@ class DecodeTaskOptions(BaseModel):
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float32", description="Query and KV dtype.")
 
 
-class VerifyTaskOptions(DecodeTaskOptions):
-    """Options of ``verify_task``: MTP verify attention, dense or blockwise."""
+class DecodeTaskOptions(_AttentionOptions):
+    """Options of ``decode_task``: large-head decode attention over ``layers`` full-attention layers."""
 
-    verify_mode: Literal["dense", "blockwise"] = Field("dense", description="Dense BNSD gather or chunked.")
+    decode_mode: Literal["paged", "dense"] = Field(
+        "paged",
+        description="Decode route: the paged kernel with host KV lengths re-issued before each replay "
+        "(reads only the live context), or the whole allocation gathered to dense BNSD.",
+    )
+
+
+class VerifyTaskOptions(_AttentionOptions):
+    """Options of ``verify_task``: MTP verify attention, blockwise or dense."""
+
+    verify_mode: Literal["dense", "blockwise"] = Field(
+        "blockwise",
+        description="Verify route: chunked online softmax (workspace bounded by chunk_blocks) or the whole "
+        "allocation gathered to dense BNSD.",
+    )
     chunk_blocks: PositiveInt = Field(2, description="KV blocks per chunk of the blockwise verify.")
 
 
-DECODE_TASK = TaskFactory("graphbuf.adapters.vllm_ascend.binding:decode_task", DecodeTaskOptions)
-VERIFY_TASK = TaskFactory("graphbuf.adapters.vllm_ascend.binding:verify_task", VerifyTaskOptions)
+DECODE_TASK = TaskFactory(
+    "graphbuf.adapters.vllm_ascend.binding:decode_task", DecodeTaskOptions, decode_costs
+)
+VERIFY_TASK = TaskFactory(
+    "graphbuf.adapters.vllm_ascend.binding:verify_task", VerifyTaskOptions, verify_costs
+)
