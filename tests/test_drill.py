@@ -14,7 +14,8 @@ import yaml
 import graphbuf
 import graphbuf.drill as drill
 from graphbuf.cli import main
-from graphbuf.drill import PagedDecodeAttention, make_batch, run_drill
+from graphbuf.drill import PagedDecodeAttention, run_drill
+from graphbuf.testing import paged_kv, sample, sources
 from graphbuf.graphs.runner import Step
 
 EXAMPLE = {
@@ -97,7 +98,7 @@ def test_built_in_task_matches_a_per_query_reference(example: Path) -> None:
     task = PagedDecodeAttention(group="full", num_heads=4, num_kv_heads=2, head_dim=8)
     object.__setattr__(p, "constants", {**p.constants, "num_blocks": 32})
     task.bind(bufs, torch.Generator().manual_seed(0))
-    src = make_batch(p, 3, np.random.default_rng(0), 32)
+    src = sample(sources(p, 3, relations=[paged_kv]), seed=0)[0]
     views = {k: torch.as_tensor(v) for k, v in src.items()}
     out = task(Step(12, views, None, {}, 3))
     bt, lens, q_len = src["block_table.full"], src["seq_lens"], 4

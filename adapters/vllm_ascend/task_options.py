@@ -34,5 +34,11 @@ class VerifyTaskOptions(DecodeTaskOptions):
     chunk_blocks: PositiveInt = Field(2, description="KV blocks per chunk of the blockwise verify.")
 
 
-DECODE_TASK = TaskFactory("graphbuf.adapters.vllm_ascend.binding:decode_task", DecodeTaskOptions)
-VERIFY_TASK = TaskFactory("graphbuf.adapters.vllm_ascend.binding:verify_task", VerifyTaskOptions)
+#: The batch relation both tasks need (see :mod:`graphbuf.testing`).
+BATCH_STRATEGY = "graphbuf.adapters.vllm_ascend.strategies:vllm_decode_batch"
+DECODE_TASK = TaskFactory(
+    "graphbuf.adapters.vllm_ascend.binding:decode_task", DecodeTaskOptions, strategy=BATCH_STRATEGY
+)
+VERIFY_TASK = TaskFactory(
+    "graphbuf.adapters.vllm_ascend.binding:verify_task", VerifyTaskOptions, strategy=BATCH_STRATEGY
+)
