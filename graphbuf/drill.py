@@ -316,7 +316,8 @@ class DrillSession:
             if isinstance(spec, GraphSpec)
             else load_spec(spec, overrides=overrides, allow_factories=allow_factories)
         )
-        overrides = dict(overrides or {})
+        self.overrides = dict(overrides or {})  # as given (saved with a failing batch)
+        overrides = dict(self.overrides)
         if "num_blocks" not in spec_obj.constants:
             spec_obj = spec_obj.model_copy(update={"constants": {**spec_obj.constants, "num_blocks": None}})
         base = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
@@ -324,7 +325,7 @@ class DrillSession:
             # Enough distinct blocks for a full-width row; requests may share blocks: no numerics change.
             widths = [b.shape[1] for b in base.buffers if b.cols is not None]
             overrides["num_blocks"] = max(64, min(256, max(widths, default=16)))
-        self.spec, self.overrides, self.seed = spec_obj, overrides, seed
+        self.spec, self.seed = spec_obj, seed
         self.plan = p = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
         self.buffers = StaticBuffers(p, device)
         self.generator = torch.Generator().manual_seed(seed)

@@ -393,7 +393,7 @@ def paged_kv(
 # ----------------------------------------------------------------------------------------------------------
 # Specs
 
-_NAMES = ("block_table", "seq_lens", "positions", "query_start_loc", "slot_mapping", "mask", "scale")
+_NAMES = ("table", "lens", "positions", "offsets", "slots", "mask", "scale")
 _ROWS = ("requests", "tokens", "requests + 1", "2")
 _COLS = (None, "max_blocks", "1", "requests")
 _DTYPE_NAMES = tuple(DTYPES)

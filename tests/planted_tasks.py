@@ -54,13 +54,11 @@ class ReadsOnePastTheBatch(_Task):
 
 
 class DependsOnScalePad(_Task):
-    """Reads every captured row of ``scale`` (a sum over the padded rows too) and only the live rows of
-    ``lens`` and the live cells of ``table``: its live outputs depend on ``scale``'s pad only."""
+    """Reads every captured row of ``scale`` (a sum over the padded rows too), ``lens`` row by row and
+    never ``table``: its live outputs depend on ``scale``'s pad only."""
 
     def __call__(self, step: Step) -> torch.Tensor:
-        lens = step.views["lens"].float()
-        first = step.views["table"][:, :1].float().squeeze(1)
-        return lens + first + step.views["scale"].float().sum()
+        return step.views["lens"].float() + step.views["scale"].float().sum()
 
 
 @declare_options(NoOptions)
@@ -71,3 +69,18 @@ def reads_one_past(name: str, **options: Any) -> ReadsOnePastTheBatch:
 @declare_options(NoOptions)
 def depends_on_scale_pad(name: str, **options: Any) -> DependsOnScalePad:
     return DependsOnScalePad(name)
+
+
+class FaultsOnJunkTable(_Task):
+    """Faults, as a device kernel's bounds check would, when a padded row of ``table`` holds a nonzero id
+    (an eager-only task: the check reads the device values on the host)."""
+
+    def __call__(self, step: Step) -> torch.Tensor:
+        if bool((step.views["table"][step.requests :] != 0).any()):
+            raise RuntimeError("block id out of range in a padded row")
+        return step.views["lens"].float()
+
+
+@declare_options(NoOptions)
+def faults_on_junk_table(name: str, **options: Any) -> FaultsOnJunkTable:
+    return FaultsOnJunkTable(name)

@@ -15,8 +15,8 @@ import graphbuf
 import graphbuf.drill as drill
 from graphbuf.cli import main
 from graphbuf.drill import PagedDecodeAttention, run_drill
-from graphbuf.testing import paged_kv, sample, sources
 from graphbuf.graphs.runner import Step
+from graphbuf.testing import paged_kv, sample, sources
 
 EXAMPLE = {
     "version": 1,
