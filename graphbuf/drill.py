@@ -13,6 +13,7 @@ batch, saved as JSON and replayable with ``graphbuf drill SPEC --replay FILE``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
-from hypothesis.errors import HypothesisException, NoSuchExample
+from hypothesis.errors import HypothesisException
 from hypothesis.strategies import SearchStrategy
 
 from graphbuf.buffers import StaticBuffers
@@ -575,13 +576,20 @@ def _search(
     replays: int,
     report: DrillReport,
 ) -> tuple[DrillBatch, Outcome] | None:
-    """Draw up to ``budget`` batches through Hypothesis; shrink the first failure; return the smallest
-    failing batch found (the sweep's ``first`` if the search finds none)."""
+    """Draw up to ``budget`` batches through Hypothesis; shrink the first failure with at most
+    ``max(replays, 50)`` more replays; return the smallest failing batch seen (None if none failed)."""
     found: list[tuple[DrillBatch, Outcome]] = [first] if first is not None else []
     shrinking = [first is not None]
     count = [done]
+    seen: dict[tuple[Any, ...], bool] = {}  # a batch seen again answers the same, without a replay
+    shrink_budget = max(replays, 50)
 
     def fails(batch: DrillBatch) -> bool:
+        key = _key(batch)
+        if key in seen:
+            return seen[key]
+        if shrinking[0] and report.shrink_replays >= shrink_budget:
+            return False  # shrink budget spent: report the smallest failure so far
         out = session.check(batch.live, batch.sources, batch.task_seed)
         if shrinking[0]:
             report.shrink_replays += 1
@@ -590,27 +598,33 @@ def _search(
             count[0] += 1
             if progress is not None:
                 progress(count[0], replays)
-        if not failed(out):
-            return False
-        if not shrinking[0]:
+        seen[key] = failed(out)
+        if seen[key]:
             shrinking[0] = True
-        found.append((batch, out))
-        return True
+            found.append((batch, out))
+        return seen[key]
 
-    if budget <= 0:
-        return found[0] if found else None
-    config = settings(
-        max_examples=budget, database=None, deadline=None, derandomize=False,
-        phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
-    )  # fmt: skip
-    try:
-        batch = find(drill_batches(session), fails, settings=config, random=random.Random(seed))
-    except NoSuchExample:
-        return found[0] if found else None
-    except HypothesisException:  # e.g. a failure that does not reproduce: report the first one seen
-        return found[0] if found else None
-    out = session.check(batch.live, batch.sources, batch.task_seed)
-    return (batch, out) if failed(out) else (found[0] if found else None)
+    if budget > 0:
+        config = settings(
+            max_examples=budget, database=None, deadline=None, derandomize=False,
+            phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
+        )  # fmt: skip
+        # NoSuchExample: nothing failed; any other Hypothesis error: report what was seen.
+        with contextlib.suppress(HypothesisException):
+            find(drill_batches(session), fails, settings=config, random=random.Random(seed))
+    return min(found, key=lambda f: (f[0].live, _cells(f[0]))) if found else None
+
+
+def _cells(batch: DrillBatch) -> int:
+    return sum(int(np.prod(np.shape(s))) for s in batch.sources.values())
+
+
+def _key(batch: DrillBatch) -> tuple[Any, ...]:
+    arrays = (
+        (name, src.float().numpy() if isinstance(src, torch.Tensor) else np.asarray(src))
+        for name, src in batch.sources.items()
+    )
+    return (batch.live, batch.task_seed, *((n, a.shape, a.tobytes()) for n, a in arrays))
 
 
 def run_drill_cli(args: argparse.Namespace) -> int:

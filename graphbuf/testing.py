@@ -193,16 +193,21 @@ def batches(
 
 
 def sources(
-    buffers: Any, live: int, *, size: int | None = None, relations: Sequence[Relation] | None = None
+    buffers: Any,
+    live: int,
+    *,
+    size: int | None = None,
+    relations: Sequence[Relation] | None = None,
+    allow_factories: Iterable[str] = (),
 ) -> SearchStrategy[dict[str, Any]]:
     """Sources for ``live`` requests refreshed at ``size`` tokens (default: the smallest capture size holding
-    them, else ``live * tokens_per_request`` as an eager step): relations first, every other buffer from the
-    spec's rules; ``keep`` buffers are sometimes left out."""
+    them, else ``live * tokens_per_request`` as an eager step): relations first (default: the spec's tasks'),
+    every other buffer from the spec's rules; ``keep`` buffers are sometimes left out."""
     p = _plan(buffers)
     tpr = p.tokens_per_request
     if size is None:
         size = next((s for s in p.capture_sizes if s >= live * tpr), live * tpr)
-    rels = task_relations(p.spec) if relations is None else tuple(relations)
+    rels = task_relations(p.spec, allow_factories) if relations is None else tuple(relations)
     return _sources(p, size, live, rels)
 
 

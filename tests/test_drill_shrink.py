@@ -75,6 +75,7 @@ def test_seed_makes_runs_reproducible(tmp_path: Path) -> None:
     runs = [run_drill(str(spec), replays=25, seed=s, allow_factories=ALLOW, save=tmp_path / f"{i}.json")
             for i, s in enumerate((3, 3))]  # fmt: skip
     assert (tmp_path / "0.json").read_text() == (tmp_path / "1.json").read_text()
+    assert 0 < runs[0].shrink_replays <= 50  # shrinking is bounded by max(--replays, 50)
     a, b = (r.as_dict() for r in runs)
     for r in (a, b):
         r.pop("seconds")
