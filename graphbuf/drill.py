@@ -299,8 +299,8 @@ class Outcome:
 
 
 class DrillSession:
-    """The drill's buffers, tasks and runner for one spec, captured at every size; :meth:`check` replays
-    one batch and compares it with the tasks run eagerly on the raw batch."""
+    """The drill's buffers, tasks and runner for one spec, captured at every size (unless ``capture`` is
+    False); :meth:`check` replays one batch and compares it with the tasks run eagerly on the raw batch."""
 
     def __init__(
         self,
@@ -310,6 +310,7 @@ class DrillSession:
         seed: int = 0,
         overrides: Mapping[str, int] | None = None,
         allow_factories: Iterable[str] = (),
+        capture: bool = True,
     ) -> None:
         Graph(device)  # DeviceUnavailableError, before any work, if the device or its runtime is missing
         spec_obj = (
@@ -340,7 +341,8 @@ class DrillSession:
         rows = [getattr(t, "output_rows", "tokens") for t in self.tasks]
         # A failed capture is reported (FAIL), not raised.
         self.runner = GraphRunner(self.buffers, self.step, output_rows=rows, on_capture_error="eager")
-        self.runner.capture()
+        if capture:
+            self.runner.capture()
 
     def step(self, step: Step) -> tuple[torch.Tensor, ...]:
         return tuple(task(step) for task in self.tasks)

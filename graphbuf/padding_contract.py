@@ -1,10 +1,11 @@
 """``graphbuf drill --padding-contract``: which pads do the spec's tasks actually depend on?
 
-For each buffer, batches that leave padded rows (fewer live requests than the capture size holds) are
-refreshed, then the tasks run on the size's captured views (the tensors a replay reads) twice: as refreshed
-(pads in the padded rows and stale columns), and with junk there instead (values within the buffer's bounds
-that differ from the pad). If the live outputs change, or a kernel faults, the tasks depend on that pad:
-``required``. If they never change: ``free``, and the pad is habit, not contract.
+The tasks are captured once at the largest capture size. For each buffer, batches that leave padded rows
+(fewer live requests than that size holds) are refreshed and replayed twice: as refreshed (pads in the padded
+rows and stale columns), and with junk there instead (values within the buffer's bounds that differ from the
+pad). If the live outputs change, or a kernel faults, the tasks depend on that pad: ``required``. If they
+never change: ``free``, and the pad is habit, not contract. Tasks that cannot be captured run eagerly on the
+same captured views (the report says so).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from graphbuf.drill import DrillSession
 from graphbuf.expr import parse_expr
+from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.runner import Step
 from graphbuf.planner import BufferPlan
 from graphbuf.spec import DTYPES, GraphSpec
@@ -58,6 +60,8 @@ class PaddingContract:
     spec: str
     tasks: list[str]
     tolerance: float
+    size: int
+    mode: str = "replay"
     verdicts: list[PadVerdict] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -65,6 +69,8 @@ class PaddingContract:
             "spec": self.spec,
             "tasks": self.tasks,
             "tolerance": self.tolerance,
+            "size": self.size,
+            "mode": self.mode,
             "buffers": [v.as_dict() for v in self.verdicts],
             "required": [v.buffer for v in self.verdicts if v.verdict == "required"],
             "free": [v.buffer for v in self.verdicts if v.verdict == "free"],
@@ -79,7 +85,7 @@ class PaddingContract:
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
         lines = [
             f"graphbuf drill --padding-contract: {self.spec}; tasks: {', '.join(self.tasks)}; "
-            f"tolerance {self.tolerance:g}"
+            f"capture size {self.size}, {self.mode}; tolerance {self.tolerance:g}"
         ]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
         lines.append(
@@ -109,12 +115,42 @@ def _junk(b: BufferPlan, current: torch.Tensor, rng: np.random.Generator) -> tor
     return torch.where(values == current, bumped, values)
 
 
-def _live_outputs(session: DrillSession, step: Step) -> tuple[torch.Tensor, ...]:
-    p = session.plan
-    env = {**p.constants, "requests": step.requests, "tokens": step.requests * p.tokens_per_request}
-    outs = session.step(step)
-    rules = [getattr(t, "output_rows", "tokens") for t in session.tasks]
-    return tuple(o[: parse_expr(r).eval(env)].clone() for o, r in zip(outs, rules))
+class _Replayer:
+    """The session's tasks captured once at ``size`` (buffers must hold valid data); :meth:`run` re-issues
+    the tasks' host arguments and replays, or runs the tasks eagerly on the views if capture failed."""
+
+    def __init__(self, session: DrillSession, size: int) -> None:
+        self.session, self.size = session, size
+        self.views = session.buffers.view(size)
+        requests = size // session.plan.tokens_per_request
+        self.graph: Graph | None = Graph(session.buffers.device)
+        self.mode = "replay"
+        try:
+            if session.buffers.device.type != "cpu":
+                session.step(Step(size, self.views, None, {}, requests))  # warm-up, as the runner does
+            with self.graph.capture():
+                self.outputs = session.step(Step(size, self.views, self.graph, {}, requests))
+        except Exception as exc:
+            self.graph = None
+            self.mode = f"eager on the captured views (capture failed: {type(exc).__name__})"
+
+    def run(self, host_args: Mapping[str, Mapping[str, Any]], live: int) -> tuple[torch.Tensor, ...]:
+        """The live rows of every task's output for a batch of ``live`` requests (copies)."""
+        s = self.session
+        if self.graph is None:
+            outs = s.step(Step(self.size, self.views, None, host_args, live))
+        else:
+            for task in self.graph.tasks:
+                fresh = host_args.get(str(task.kind))
+                merged = {**task.host_args, **(fresh or {})}
+                if merged != dict(task.host_args):
+                    task.update(**merged)
+            self.graph.replay()
+            outs = self.outputs
+        p = s.plan
+        env = {**p.constants, "requests": live, "tokens": live * p.tokens_per_request}
+        rules = [getattr(t, "output_rows", "tokens") for t in s.tasks]
+        return tuple(o[: parse_expr(r).eval(env)].clone() for o, r in zip(outs, rules))
 
 
 def _change(base: tuple[torch.Tensor, ...], got: tuple[torch.Tensor, ...]) -> float:
@@ -145,30 +181,31 @@ def run_padding_contract(
     """The padding contract of the spec's tasks (see the module docstring), from ``trials`` batches drawn
     through :mod:`graphbuf.testing` at capture sizes with room for padded rows."""
     session = DrillSession(
-        spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories
+        spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories, capture=False
     )
     p, bufs = session.plan, session.buffers
-    tpr = p.tokens_per_request
-    roomy = [s for s in p.capture_sizes if s // tpr >= 2] or list(p.capture_sizes)
-
-    def at(size: int) -> Any:
-        top = max(1, size // tpr - 1)
-        return st.integers(1, top).flatmap(
-            lambda live: sources(p, live, size=size, relations=session.relations).map(
-                lambda src: (size, live, src)
-            )
-        )
-
-    drawn = sample(st.sampled_from(roomy).flatmap(at), seed=seed, count=trials)
-    report = PaddingContract(session.spec.name, [getattr(t, "name", "?") for t in session.tasks], tolerance)
+    size = p.capture_sizes[-1]
+    top = max(1, size // p.tokens_per_request - 1)  # leave padded rows
+    drawn = sample(
+        st.integers(1, top).flatmap(
+            lambda live: sources(p, live, size=size, relations=session.relations).map(lambda s: (live, s))
+        ),
+        seed=seed,
+        count=trials,
+    )
+    bufs.refresh(size, drawn[0][1], num_reqs=drawn[0][0])
+    replayer = _Replayer(session, size)
+    report = PaddingContract(
+        session.spec.name, [getattr(t, "name", "?") for t in session.tasks], tolerance, size, replayer.mode
+    )
     verdicts = {b.name: PadVerdict(b.name, str(b.pad)) for b in p.buffers}
     rng = np.random.default_rng(seed)
-    for trial, (size, live, srcs) in enumerate(drawn):
+    for trial, (live, srcs) in enumerate(drawn):
         bufs.refresh(size, srcs, num_reqs=live)
-        views = bufs.view(size)
+        views = replayer.views
         args = session.host_args(size, live, srcs)
         session.randomize(live, seed + trial)
-        base = _live_outputs(session, Step(size, views, None, args, live))
+        base = replayer.run(args, live)
         for b in p.buffers:
             v = verdicts[b.name]
             if b.keep or b.name not in srcs:
@@ -192,7 +229,7 @@ def run_padding_contract(
             v.trials += 1
             try:
                 view.copy_(torch.where(mask, junk.to(view.device), view))
-                change = _change(base, _live_outputs(session, Step(size, views, None, args, live)))
+                change = _change(base, replayer.run(args, live))
                 why = f"live outputs changed by {change:.3g}" if change > tolerance else ""
             except Exception as exc:  # a kernel that faults on junk depends on the pad
                 change, why = math.inf, f"a task raised {type(exc).__name__}: {str(exc)[:80]}"

@@ -100,6 +100,7 @@ def test_padding_contract_tells_a_required_pad_from_a_free_one(
 ) -> None:
     spec = planted(tmp_path, "depends_on_scale_pad")
     contract = run_padding_contract(str(spec), allow_factories=ALLOW)
+    assert contract.mode == "replay" and contract.size == 4  # junk replayed through the captured graph
     verdicts = {v.buffer: v for v in contract.verdicts}
     assert verdicts["scale"].verdict == "required" and verdicts["scale"].trials > 0
     assert "live outputs changed" in verdicts["scale"].reason
@@ -118,5 +119,14 @@ def test_padding_contract_tells_a_required_pad_from_a_free_one(
 
 def test_padding_contract_counts_a_fault_as_required(tmp_path: Path) -> None:
     spec = planted(tmp_path, "faults_on_junk_table")
-    verdicts = {v.buffer: v for v in run_padding_contract(str(spec), allow_factories=ALLOW).verdicts}
-    assert verdicts["table"].verdict == "required" and "raised" in verdicts["table"].reason
+    contract = run_padding_contract(str(spec), allow_factories=ALLOW)
+    assert contract.mode.startswith("eager on the captured views (capture failed")  # it reads on the host
+    verdicts = {v.buffer: v for v in contract.verdicts}
+    assert verdicts["table"].verdict == "required" and "raised RuntimeError" in verdicts["table"].reason
+    assert verdicts["lens"].verdict == "free"
+
+
+def test_padding_contract_finds_the_read_past_the_batch(tmp_path: Path) -> None:
+    spec = planted(tmp_path, "reads_one_past")  # its last live request reads the first padded row of lens
+    verdicts = {v.buffer: v.verdict for v in run_padding_contract(str(spec), allow_factories=ALLOW).verdicts}
+    assert verdicts == {"lens": "required", "scale": "free", "table": "free"}
