@@ -89,7 +89,9 @@ def test_drill_exits_1_on_a_mismatch(example: Path, monkeypatch: pytest.MonkeyPa
                 self.query = torch.randn(self.query.shape, generator=generator)
 
     monkeypatch.setattr(drill, "_build_tasks", lambda spec, p: [Rebinding(group="full")])
-    assert main(["drill", str(example), "--replays", "10"]) == 1
+    saved = example.with_name("failure.json")
+    assert main(["drill", str(example), "--replays", "10", "--save", str(saved)]) == 1
+    assert drill.load_batch(saved)["num_reqs"] >= 1
 
 
 def test_built_in_task_matches_a_per_query_reference(example: Path) -> None:
