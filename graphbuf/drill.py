@@ -451,17 +451,25 @@ def load_batch(path: str | Path) -> dict[str, Any]:
         raise SpecError(f"{path}: cannot read a saved drill batch: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != BATCH_FORMAT:
         raise SpecError(f"{path}: not a saved drill batch (expected \"format\": {BATCH_FORMAT!r})")
+    for key, kind in (("seed", int), ("device", str), ("overrides", dict), ("sources", dict)):
+        if not isinstance(doc.get(key), kind):
+            raise SpecError(f"{path}: malformed saved drill batch: {key!r} must be a {kind.__name__}")
     return doc
 
 
 def _batch_of(doc: Mapping[str, Any], session: DrillSession, path: str | Path) -> DrillBatch:
+    if doc.get("spec") != session.spec.name:
+        raise SpecError(f"{path}: saved from spec {doc.get('spec')!r}, not {session.spec.name!r}")
     srcs = {}
-    for name, entry in doc["sources"].items():
-        if name not in session.plan.names:
-            raise SpecError(f"{path}: sources.{name}: no such buffer in {session.spec.name!r}")
-        values = np.asarray(entry["data"], dtype=np.float64 if "float" in entry["dtype"] else np.int64)
-        srcs[name] = as_source(session.plan[name], values.reshape(entry["shape"]))
-    return DrillBatch(int(doc["num_reqs"]), srcs, int(doc["task_seed"]))
+    try:
+        for name, entry in doc["sources"].items():
+            if name not in session.plan.names:
+                raise SpecError(f"{path}: sources.{name}: no such buffer in {session.spec.name!r}")
+            values = np.asarray(entry["data"], dtype=np.float64 if "float" in entry["dtype"] else np.int64)
+            srcs[name] = as_source(session.plan[name], values.reshape(entry["shape"]))
+        return DrillBatch(int(doc["num_reqs"]), srcs, int(doc["task_seed"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SpecError(f"{path}: malformed saved drill batch: {type(exc).__name__}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -93,6 +93,14 @@ def test_replay_of_a_file_that_is_not_a_batch_is_a_usage_error(
     bogus.write_text('{"format": "something else"}')
     assert main(["drill", str(spec), "--replay", str(bogus), "--allow-factory", "planted_tasks"]) == 2
     assert "not a saved drill batch" in capsys.readouterr().err
+    bogus.write_text('{"format": "graphbuf-drill-batch/1", "spec": "other", "seed": 0, "overrides": {}, '
+                     '"device": "cpu", "sources": {}}')  # fmt: skip
+    assert main(["drill", str(spec), "--replay", str(bogus), "--allow-factory", "planted_tasks"]) == 2
+    assert "saved from spec 'other', not 'planted'" in capsys.readouterr().err
+    bogus.write_text('{"format": "graphbuf-drill-batch/1", "spec": "planted", "seed": 0, "overrides": {}, '
+                     '"device": "cpu", "sources": {"lens": {"dtype": "int32"}}}')  # fmt: skip
+    assert main(["drill", str(spec), "--replay", str(bogus), "--allow-factory", "planted_tasks"]) == 2
+    assert "malformed saved drill batch" in capsys.readouterr().err
 
 
 def test_padding_contract_tells_a_required_pad_from_a_free_one(
