@@ -182,7 +182,7 @@ def test_readme_example_runs() -> None:
     code = _readme_example()
     assert len(code.strip().splitlines()) <= 10
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "<README.md example>", "exec"), namespace)
     tests = [v for k, v in namespace.items() if k.startswith("test_") and isinstance(v, Callable)]
     assert len(tests) == 1
     tests[0]()  # runs the Hypothesis property test under the loaded profile
