@@ -200,7 +200,7 @@ def test_dense_decode_task_reads_device_lengths_without_host_args() -> None:
     runner.capture()
     rng = np.random.default_rng(4)
     for live in (4, 2):
-        src = make_batch(bufs.plan, live, rng, 32)
+        src = make_batch(bufs.plan, live, rng)
         assert task.host_args(runner.size_for(live), live, src) == {}
         got = runner.run(src)
         torch.testing.assert_close(got, reference(task, src["block_table.full"], src["seq_lens"]))
