@@ -379,7 +379,7 @@ def run_drill(
             row = report.rows[size]
             row.replays += 1
             row.max_abs_error = max(row.max_abs_error, err)
-            row.refresh_us.append(runner.stats.refresh_s[-1] * 1e6)
+            row.refresh_us.append(runner.stats.refresh_s.last * 1e6)
         if progress is not None:
             progress(i + 1, replays)
     for s, addrs in start_addresses.items():
