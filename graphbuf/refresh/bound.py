@@ -25,7 +25,14 @@ import torch
 
 from graphbuf.errors import AddressChangedError, RefreshError, RowsError
 from graphbuf.refresh.layout import NP_OF_TORCH, dtype_name
-from graphbuf.refresh.validate import Prepared, check_num_reqs, check_source, check_typed, check_widths
+from graphbuf.refresh.validate import (
+    Prepared,
+    check_num_reqs,
+    check_source,
+    check_typed,
+    check_widths,
+    values_fit,
+)
 
 if TYPE_CHECKING:
     from graphbuf.buffers import StaticBuffers
@@ -95,10 +102,14 @@ class BoundSources:
                     f"{need} (rows = {b.rows.text})",
                 )  # fmt: skip
             wide = b.ndim == 2
-            entries.append((slot, arr, name, wide, arr.shape[1] if wide else 0))
+            # Typed once here: a slice of a plain integer array of a fast dtype needs only shape and value
+            # checks per refresh (see prepare); every other bound source goes through check_source.
+            fast = arr.dtype in slot.fast
+            entries.append((slot, arr, name, wide, arr.shape[1] if wide else 0, fast))
         if not layout.required.issubset(sources):
             raise layout.missing_error(label, sources)
         self._entries = tuple(entries)
+        self._fast = {e[0].index: e[5] for e in entries}
         self._watch = tuple(watch)
         self._wide = frozenset(e[2] for e in entries if e[3])
         self.names: tuple[str, ...] = tuple(sources)
@@ -120,7 +131,7 @@ class BoundSources:
         layout = self._layout
         self.check_moved(label)
         w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
-        for slot, arr, name, wide, width in self._entries:
+        for slot, arr, name, wide, width, _ in self._entries:
             rows = layout.rows_at(slot, size, n)
             if rows > arr.shape[0]:
                 raise layout.fail(
@@ -148,10 +159,22 @@ class BoundSources:
         any count for an eager step); return them prepared and the live request count."""
         layout = self._layout
         n = check_num_reqs(num_reqs, layout.max_requests.get(size, None), label, size)
-        prepared = [
-            check_source(layout, name, live, size, label, strict=strict, device=device)
-            for _, name, live in self._live(size, n, widths, label)
-        ]
+        prepared: list[Prepared] = []
+        fast = self._fast
+        for slot, name, live in self._live(size, n, widths, label):
+            if fast[slot.index]:  # dtype and layout checked at bind: only capacity and values remain
+                cap = slot.capacity.get(size)
+                rows = live.shape[0]
+                width = live.shape[1] if slot.ndim == 2 else 0
+                if (
+                    cap is not None
+                    and rows <= cap[0]
+                    and width <= cap[1]
+                    and (not live.size or (slot.lo is None and slot.hi is None) or values_fit(slot, live))
+                ):
+                    prepared.append((slot, live, None, rows, width))
+                    continue
+            prepared.append(check_source(layout, name, live, size, label, strict=strict, device=device))
         return prepared, n
 
     def refresh(self, size: int, num_reqs: int, *, widths: Mapping[str, int] | None = None) -> int:

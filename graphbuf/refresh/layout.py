@@ -59,6 +59,7 @@ class Slot:
     hi: int | None
     fast: frozenset[np.dtype]  # host dtypes cast safely without a value check; empty for float buffers
     ndim: int
+    itemsize: int  # bytes per element
 
     @property
     def name(self) -> str:
@@ -104,7 +105,7 @@ class Layout:
             fast = frozenset(d for d in NP_OF_TORCH.values() if np.can_cast(d, np_dtype, "safe"))
         return Slot(
             b, index, np_dtype, bf16, kind, pad, repeat_last, capacity, rows_of_requests, requests_of_rows,
-            b.min, b.max, fast, b.ndim,
+            b.min, b.max, fast, b.ndim, np_dtype.itemsize,
         )  # fmt: skip
 
     def capacity(self, slot: Slot, size: int) -> tuple[int, int]:
