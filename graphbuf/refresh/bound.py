@@ -132,7 +132,8 @@ class BoundSources:
         self.check_moved(label)
         w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
         for slot, arr, name, wide, width, _ in self._entries:
-            rows = layout.rows_at(slot, size, n)
+            table = slot.rows_of_requests
+            rows = table[n] if table is not None and n < len(table) else layout.rows_at(slot, size, n)
             if rows > arr.shape[0]:
                 raise layout.fail(
                     RowsError, name, label,
@@ -161,20 +162,21 @@ class BoundSources:
         n = check_num_reqs(num_reqs, layout.max_requests.get(size, None), label, size)
         prepared: list[Prepared] = []
         fast = self._fast
+        append = prepared.append
         for slot, name, live in self._live(size, n, widths, label):
             if fast[slot.index]:  # dtype and layout checked at bind: only capacity and values remain
                 cap = slot.capacity.get(size)
-                rows = live.shape[0]
-                width = live.shape[1] if slot.ndim == 2 else 0
+                shape = live.shape
+                width = shape[1] if slot.ndim == 2 else 0
                 if (
                     cap is not None
-                    and rows <= cap[0]
+                    and shape[0] <= cap[0]
                     and width <= cap[1]
-                    and (not live.size or (slot.lo is None and slot.hi is None) or values_fit(slot, live))
+                    and (not live.size or not slot.bounded or values_fit(slot, live))
                 ):
-                    prepared.append((slot, live, None, rows, width))
+                    append((slot, live, None, shape[0], width))
                     continue
-            prepared.append(check_source(layout, name, live, size, label, strict=strict, device=device))
+            append(check_source(layout, name, live, size, label, strict=strict, device=device))
         return prepared, n
 
     def refresh(self, size: int, num_reqs: int, *, widths: Mapping[str, int] | None = None) -> int:
