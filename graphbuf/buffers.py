@@ -35,6 +35,7 @@ from graphbuf.spec import GraphSpec
 
 __all__ = ["StaticBuffers", "poison_value"]
 
+
 def poison_value(dtype: torch.dtype) -> int | float | bool:
     """The sentinel a poisoned slab holds: NaN for floats, the minimum for integers, True for bool."""
     if dtype.is_floating_point:
@@ -108,6 +109,7 @@ class StaticBuffers:
                 views[b.name] = t
             self._views[s] = MappingProxyType(views)
         self.layout = Layout(self.plan)
+        self._labels = {s: where("refresh", s) for s in self.plan.capture_sizes}  # not formatted per call
         self._commit = Committer(self.layout, self.slab, full, staging=staging, dirty=poison)
         self._lock = threading.Lock()
 
@@ -185,7 +187,7 @@ class StaticBuffers:
     def _refresh(self, size: Any, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
         if type(size) is not int or size not in self._views:
             raise self.layout.size_error("refresh", size)
-        prepared, live = self._prepare("refresh", size, sources, num_reqs, widths, strict)
+        prepared, live = self._prepare(self._labels[size], size, sources, num_reqs, widths, strict)
         self._commit.write(prepared, size)
         return live
 
@@ -207,7 +209,7 @@ class StaticBuffers:
             n = count_of(size)
             if n is None or n < 1:
                 raise RefreshError(f"eager(size={size!r}): allowed: a token count >= 1")
-            prepared, _ = self._prepare("eager", n, sources, num_reqs, widths, None)
+            prepared, _ = self._prepare(where("eager", n), n, sources, num_reqs, widths, None)
             out = build_eager(self.layout, prepared, n, self.device)
             largest = self._views[self.capture_sizes[-1]]
             return {name: out[name] if name in out else largest[name] for name in self.names}
@@ -215,9 +217,8 @@ class StaticBuffers:
             self._lock.release()
 
     def _prepare(
-        self, op: str, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None
+        self, label: str, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None
     ) -> tuple[list, int]:
-        label = where(op, size)
         strict = self.strict if strict is None else strict
         if isinstance(sources, BoundSources):
             if sources.buffers is not self:

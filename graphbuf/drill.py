@@ -524,7 +524,7 @@ def run_drill(
         row.replays += 1
         row.max_abs_error = max(row.max_abs_error, out.err)
         if out.error is None:
-            row.refresh_us.append(runner.stats.refresh_s[-1] * 1e6)
+            row.refresh_us.append(runner.stats.refresh_s.last * 1e6)
 
     def failed(out: Outcome) -> bool:
         return out.err > tolerance

@@ -122,7 +122,11 @@ class Plan:
     total_bytes: int
     max_bytes: int
     _by_name: Mapping[str, BufferPlan] = field(repr=False, compare=False, default_factory=dict)
-    _requests_memo: dict[tuple[str, int], int | None] = field(repr=False, compare=False, default_factory=dict)
+    # name -> {rows: smallest request count} over 0..the largest capture's requests, built on first use:
+    # bounded by the plan (buffers x capture range), never by the calls made.
+    _rows_table: dict[str, tuple[dict[int, int], int]] = field(
+        repr=False, compare=False, default_factory=dict
+    )
 
     def __getitem__(self, name: str) -> BufferPlan:
         return self._by_name[name]
@@ -144,23 +148,36 @@ class Plan:
     def requests_for_rows(self, name: str, rows: int) -> int | None:
         """The smallest live request count at which buffer ``name`` has ``rows`` rows (None if none does).
 
-        Searches request counts up to ``rows + 1`` times the largest capture's requests; rules are expected
-        to grow with the request count (``requests``, ``requests + 1``, ``tokens``).
+        Rows reached within the largest capture come from a table built once per buffer; others are
+        searched by bisection up to ``rows + 1`` times the largest capture's requests, so rules must not
+        decrease as the request count grows (``requests``, ``requests + 1``, ``tokens``). Memory stays
+        fixed whatever ``rows`` callers ask about.
         """
-        key = (name, rows)
-        if key not in self._requests_memo:
-            self._requests_memo[key] = self._solve_requests(self[name], rows)
-        return self._requests_memo[key]
+        buf = self[name]
+        known = self._rows_table.get(name)
+        if known is None:
+            table: dict[int, int] = {}
+            for r in range(self.capture_sizes[-1] // self.tokens_per_request + 1):
+                table.setdefault(self._rows_at(buf, r), r)
+            known = self._rows_table[name] = (table, max(table))
+        table, top = known
+        found = table.get(rows)
+        if found is not None or rows <= top:
+            return found
+        lo, hi = 0, (rows + 1) * max(1, self.capture_sizes[-1] // self.tokens_per_request)
+        if self._rows_at(buf, hi) < rows:
+            return None
+        while lo < hi:  # the smallest r whose rows reach ``rows``
+            mid = (lo + hi) // 2
+            if self._rows_at(buf, mid) < rows:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo if self._rows_at(buf, lo) == rows else None
 
-    def _solve_requests(self, buf: BufferPlan, rows: int) -> int | None:
-        limit = (rows + 1) * max(1, self.capture_sizes[-1] // self.tokens_per_request)
-        for r in range(limit + 1):
-            n = buf.rows.eval({**self.constants, "tokens": r * self.tokens_per_request, "requests": r})
-            if n == rows:
-                return r
-            if n > rows:
-                return None
-        return None
+    def _rows_at(self, buf: BufferPlan, requests: int) -> int:
+        tpr = self.tokens_per_request
+        return buf.rows.eval({**self.constants, "tokens": requests * tpr, "requests": requests})
 
     def workspace_bytes(self, ws: WorkspacePlan, tokens: int) -> int:
         env = self.env(tokens)

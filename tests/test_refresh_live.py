@@ -93,6 +93,49 @@ def test_random_sequence_of_sizes_rows_and_widths_equals_hand_built_contents(
             np.testing.assert_array_equal(sb.view(size)[name].numpy(), want, err_msg=f"{name} at {size}")
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_bound_fast_path_equals_mapping_refresh_in_bytes_and_errors(
+    spec_mapping: Callable[[], dict[str, Any]], kind: str
+) -> None:
+    """Bound sources typed at bind take a fast prepare; it must write what a mapping refresh of the same
+    slices writes, and refuse (same message, no byte changed) what it refuses."""
+    spec = _spec(spec_mapping)
+    bound_sb, mapped_sb = StaticBuffers(spec, poison=True), StaticBuffers(spec, poison=True)
+    rng = np.random.default_rng(5)
+    arrays = {
+        "block_table.a": rng.integers(0, 32, (4, 6), dtype=np.int32),  # wider than the 4 captured columns
+        "block_table.b": rng.integers(0, 32, (4, 4), dtype=np.int32),
+        "seq_lens": rng.integers(0, 65, 4, dtype=np.int32),
+        "query_start_loc": np.arange(0, 10, 2, dtype=np.int32),
+        "slot_mapping": np.arange(8, dtype=np.int64),
+    }
+    if kind == "torch":
+        arrays = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    bound = bound_sb.bind(arrays)
+    for _ in range(40):
+        size = int(rng.choice(bound_sb.capture_sizes))
+        n = int(rng.integers(0, size // 2 + 1))
+        w = {"block_table.a": int(rng.integers(0, 5)), "block_table.b": int(rng.integers(0, 5))}
+        assert bound_sb.refresh(size, bound, num_reqs=n, widths=w) == n
+        assert mapped_sb.refresh(size, bound.sources(n, w), num_reqs=n) == n
+        for name, t in bound_sb.full.items():  # the slab's alignment gaps are never written: compare buffers
+            assert t.numpy().tobytes() == mapped_sb.full[name].numpy().tobytes(), (name, size, n, w)
+    seq = arrays["seq_lens"]
+    seq[1] = 65  # above max_model_len (64), inside the live rows of 2 requests
+    w4 = {"block_table.a": 4}
+    before = bound_sb.slab.numpy().tobytes()
+    with pytest.raises(RefreshError) as fast:
+        bound_sb.refresh(4, bound, num_reqs=2, widths=w4)
+    with pytest.raises(RefreshError) as mapped:
+        mapped_sb.refresh(4, bound.sources(2, w4), num_reqs=2)
+    assert str(fast.value) == str(mapped.value) and "seq_lens" in str(fast.value)
+    assert bound_sb.slab.numpy().tobytes() == before
+    assert bound_sb.refresh(2, bound, num_reqs=1, widths=w4) == 1  # the bad value is past the live row
+    seq[1] = 0
+    with pytest.raises(WidthError):  # 5 columns of a 4-column allocation: overflow reject, as mapped
+        bound_sb.refresh(8, bound, num_reqs=4, widths={"block_table.a": 5})
+
+
 # ----------------------------------------------------------------------------------------------------------
 # §2 byte accounting: O(live), whatever the capacity
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,6 +45,7 @@ __all__ = [
     "EAGER_REFUSED",
     "EAGER_TOO_LARGE",
     "OVERSIZE",
+    "Durations",
     "GraphRunner",
     "RunnerStats",
     "Step",
@@ -94,9 +95,52 @@ class Step:
         return self.graph.task(kind, fn, *tensors, **args)
 
 
+class Durations:
+    """A fixed-size summary of timed calls: count, total, last, min, max, and the ``RECENT`` latest samples.
+
+    Its memory never grows with the number of calls (the recent samples are a ring).
+    """
+
+    RECENT = 1024
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque(maxlen=self.RECENT)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every sample."""
+        self.count = 0
+        self.total = 0.0
+        self.last = 0.0
+        self.min = float("inf")
+        self.max = 0.0
+        self._recent.clear()
+
+    def add(self, seconds: float) -> None:
+        """Record one call of ``seconds``."""
+        self.count += 1
+        self.total += seconds
+        self.last = seconds
+        if seconds < self.min:
+            self.min = seconds
+        if seconds > self.max:
+            self.max = seconds
+        self._recent.append(seconds)
+
+    @property
+    def recent(self) -> tuple[float, ...]:
+        """The latest samples, oldest first (at most ``RECENT``)."""
+        return tuple(self._recent)
+
+    def __repr__(self) -> str:
+        return f"Durations(count={self.count}, total={self.total:.6g}, last={self.last:.6g})"
+
+
 @dataclass
 class RunnerStats:
-    """Counters a user can read: replays and eager runs per capture size, fallback reasons, refusals."""
+    """Counters a user can read: replays and eager runs per capture size, fallback reasons, refusals, and
+    the seconds spent in each replay's refresh (``refresh_s``, a fixed-size :class:`Durations`). Every
+    field is bounded: keyed by capture size or reason, never by call."""
 
     replays: int = 0
     eager: int = 0
@@ -105,7 +149,7 @@ class RunnerStats:
     eager_reasons: Counter = field(default_factory=Counter)
     capture_failures: dict[int, str] = field(default_factory=dict)
     refused: dict[int, str] = field(default_factory=dict)
-    refresh_s: list[float] = field(default_factory=list)
+    refresh_s: Durations = field(default_factory=Durations)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -355,7 +399,7 @@ class GraphRunner:
             sources.refresh(size, live, widths=widths)  # type: ignore[union-attr]
         else:
             self.buffers.refresh(size, sources, num_reqs=live)  # type: ignore[arg-type]
-        self.stats.refresh_s.append(time.perf_counter() - t0)
+        self.stats.refresh_s.add(time.perf_counter() - t0)
         for task in captured.graph.tasks:
             fresh = host_args.get(str(task.kind))
             if fresh is None:
@@ -382,9 +426,11 @@ class GraphRunner:
 
     def _live_rows(self, output: Output, live: int) -> Output:
         rows = self._rows_memo.get(live)
-        if rows is None:  # evaluated once per live request count, not on every replay
+        if rows is None:  # evaluated once per captured live count; eager counts (any size) each time
             env = {**self.buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
-            rows = self._rows_memo[live] = [rule.eval(env) for rule in self._output_rows]
+            rows = [rule.eval(env) for rule in self._output_rows]
+            if live * self._tpr <= self.buffers.capture_sizes[-1]:  # bounded by the capture range
+                self._rows_memo[live] = rows
         if isinstance(output, torch.Tensor):
             return output[: rows[0]]
         if len(rows) == 1:

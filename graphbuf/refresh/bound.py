@@ -25,7 +25,14 @@ import torch
 
 from graphbuf.errors import AddressChangedError, RefreshError, RowsError
 from graphbuf.refresh.layout import NP_OF_TORCH, dtype_name
-from graphbuf.refresh.validate import Prepared, check_num_reqs, check_source, check_typed, check_widths
+from graphbuf.refresh.validate import (
+    Prepared,
+    check_num_reqs,
+    check_source,
+    check_typed,
+    check_widths,
+    values_fit,
+)
 
 if TYPE_CHECKING:
     from graphbuf.buffers import StaticBuffers
@@ -95,10 +102,22 @@ class BoundSources:
                     f"{need} (rows = {b.rows.text})",
                 )  # fmt: skip
             wide = b.ndim == 2
-            entries.append((slot, arr, name, wide, arr.shape[1] if wide else 0))
+            # Typed once here: a slice of a plain integer array of a fast dtype needs only shape and value
+            # checks per refresh (see prepare); every other bound source goes through check_source.
+            fast = arr.dtype in slot.fast
+            entries.append((slot, arr, name, wide, arr.shape[1] if wide else 0, fast))
         if not layout.required.issubset(sources):
             raise layout.missing_error(label, sources)
         self._entries = tuple(entries)
+        # Per capture size, per entry: the live rows and columns the fast path accepts (within the source
+        # and the capacity); no entry when some source needs check_source on every refresh.
+        self._limits: dict[int, tuple[tuple[int, int], ...]] = {}
+        if all(e[5] for e in entries):
+            for s in layout.plan.capture_sizes:
+                self._limits[s] = tuple(
+                    (min(e[1].shape[0], e[0].capacity[s][0]), min(e[4], e[0].capacity[s][1]) if e[3] else 0)
+                    for e in entries
+                )
         self._watch = tuple(watch)
         self._wide = frozenset(e[2] for e in entries if e[3])
         self.names: tuple[str, ...] = tuple(sources)
@@ -120,8 +139,9 @@ class BoundSources:
         layout = self._layout
         self.check_moved(label)
         w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
-        for slot, arr, name, wide, width in self._entries:
-            rows = layout.rows_at(slot, size, n)
+        for slot, arr, name, wide, width, _ in self._entries:
+            table = slot.rows_of_requests
+            rows = table[n] if table is not None and n < len(table) else layout.rows_at(slot, size, n)
             if rows > arr.shape[0]:
                 raise layout.fail(
                     RowsError, name, label,
@@ -146,13 +166,52 @@ class BoundSources:
     ) -> tuple[list[Prepared], int]:
         """Validate the live rows and widths of every bound source at ``size`` tokens (a capture size, or
         any count for an eager step); return them prepared and the live request count."""
+        n = check_num_reqs(num_reqs, self._layout.max_requests.get(size, None), label, size)
+        limits = self._limits.get(size)
+        if limits is not None:  # every source typed at bind, a capture size: the fast path may apply
+            prepared = self._prepare_fast(limits, n, widths, label)
+            if prepared is not None:
+                return prepared, n
+        return self._prepare_checked(size, n, widths, label, strict=strict, device=device), n
+
+    def _prepare_fast(
+        self, limits: tuple[tuple[int, int], ...], n: int, widths: Any, label: str
+    ) -> list[Prepared] | None:
+        """The common refresh: every live slice within its source and capacity (``limits``: per entry the
+        smaller of the two, rows and columns) and its values within bounds. None if anything is not, for
+        :meth:`_prepare_checked` to raise or handle (overflow) exactly as a mapping refresh would."""
+        self.check_moved(label)
+        w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
+        prepared: list[Prepared] = []
+        append = prepared.append
+        for (slot, arr, name, wide, width, _), (max_rows, max_cols) in zip(self._entries, limits):
+            table = slot.rows_of_requests
+            rows = table[n] if table is not None else max_rows  # n is within the table at capture sizes
+            if rows > max_rows:
+                return None
+            if wide:
+                w = w_of.get(name, width) if w_of else width
+                if not 0 <= w <= max_cols:
+                    return None
+                live = arr[:rows, :w]
+            else:
+                w = 0
+                live = arr[:rows]
+            if slot.bounded and rows and (w or not wide) and not values_fit(slot, live):
+                return None
+            append((slot, live, None, rows, w))
+        return prepared
+
+    def _prepare_checked(
+        self, size: int, n: int, widths: Any, label: str, *, strict: bool, device: torch.device
+    ) -> list[Prepared]:
+        """Every bound source through :func:`check_source`: the general path, and the one that names what
+        is wrong."""
         layout = self._layout
-        n = check_num_reqs(num_reqs, layout.max_requests.get(size, None), label, size)
-        prepared = [
+        return [
             check_source(layout, name, live, size, label, strict=strict, device=device)
             for _, name, live in self._live(size, n, widths, label)
         ]
-        return prepared, n
 
     def refresh(self, size: int, num_reqs: int, *, widths: Mapping[str, int] | None = None) -> int:
         """Same as ``buffers.refresh(size, self, num_reqs=num_reqs, widths=widths)``."""

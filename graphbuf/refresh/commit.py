@@ -136,6 +136,7 @@ class Committer:
             self._events[k].synchronize()  # the upload that last read this staging copy has finished
         targets = self._targets[k]
         rows_of, cols_of = self._rows, self._cols
+        staged = self.staged
         moved = 0
         touched = []
         for p in prepared:
@@ -144,11 +145,14 @@ class Committer:
             rows, cols = rows_of[i], cols_of[i]
             end = slot.capacity[size][0] if slot.repeat_last else 0
             rows_of[i], cols_of[i] = write_live(targets[i], host, slot, n, w, end, rows, cols)
-            r = max(n, end, rows)
-            c = max(w, cols) if slot.ndim == 2 else 1
-            moved += r * c * slot.np_dtype.itemsize
-            touched.append((p, end, r, c))
-        if self.staged:
+            r = n if n > rows else rows
+            if end > r:
+                r = end
+            c = (w if w > cols else cols) if slot.ndim == 2 else 1
+            moved += r * c * slot.itemsize
+            if staged:
+                touched.append((p, end, r, c))
+        if staged:
             self._upload(k, touched)
         self._refreshes += 1
         self._last = moved

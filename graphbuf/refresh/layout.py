@@ -59,6 +59,8 @@ class Slot:
     hi: int | None
     fast: frozenset[np.dtype]  # host dtypes cast safely without a value check; empty for float buffers
     ndim: int
+    itemsize: int  # bytes per element
+    bounded: bool  # min or max declared
 
     @property
     def name(self) -> str:
@@ -104,7 +106,7 @@ class Layout:
             fast = frozenset(d for d in NP_OF_TORCH.values() if np.can_cast(d, np_dtype, "safe"))
         return Slot(
             b, index, np_dtype, bf16, kind, pad, repeat_last, capacity, rows_of_requests, requests_of_rows,
-            b.min, b.max, fast, b.ndim,
+            b.min, b.max, fast, b.ndim, np_dtype.itemsize, b.min is not None or b.max is not None,
         )  # fmt: skip
 
     def capacity(self, slot: Slot, size: int) -> tuple[int, int]:

@@ -28,6 +28,7 @@ __all__ = [
     "check_widths",
     "count_of",
     "live_requests",
+    "values_fit",
 ]
 
 #: What a refresh takes per buffer: a torch tensor, a numpy array or a (nested) list of numbers.
@@ -41,6 +42,9 @@ _BF16_SAFE_FROM = frozenset((torch.bool, torch.uint8, torch.int8, torch.bfloat16
 _UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
 _IMAX = {d: int(np.iinfo(d).max) for d in _UNSIGNED}  # np.iinfo costs more than the reduction it guards
 _BF16_SAFE_NP = frozenset((np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.int8)))
+_MAX = np.maximum.reduce  # the ufunc's own reduce: ndarray.max() adds a Python wrapper per call
+_MIN = np.minimum.reduce
+_SMALL = 32  # elements up to which values_fit checks a 1-D source in Python (measured break-even)
 
 
 def count_of(n: Any) -> int | None:
@@ -64,7 +68,7 @@ def check_source(
     if tp is np.ndarray:
         host = src
     elif tp is torch.Tensor and src.is_cpu and src.dtype in NP_OF_TORCH and _plain(src):
-        host = src.detach().numpy()
+        host = src.detach().numpy() if src.requires_grad else src.numpy()  # detach() costs a new tensor
     if host is not None and host.dtype in slot.fast:
         _check_layout(slot, host, name, label)  # the common case: no dtype work, integer values
     elif isinstance(src, torch.Tensor):
@@ -140,7 +144,11 @@ def check_source(
             else:
                 dev = dev[:, :cap_cols]  # type: ignore[index]
     if host is not None:
-        if host.size and (slot.lo is not None or slot.hi is not None or host.dtype.kind == "f"):
+        if (
+            host.size
+            and (slot.lo is not None or slot.hi is not None or host.dtype.kind == "f")
+            and not values_fit(slot, host)
+        ):
             check_values(layout, slot, host, name, label)
         if slot.bf16:
             host = torch.from_numpy(np.ascontiguousarray(host)).to(torch.bfloat16).view(torch.int16).numpy()
@@ -287,16 +295,30 @@ def _bounds_error(
     )  # fmt: skip
 
 
-def check_values(layout: Layout, slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
-    """NaN and ``min``/``max`` over the live values of one host source; the message gives the index."""
+def values_fit(slot: Slot, arr: np.ndarray) -> bool:
+    """True when every value of the non-empty integer ``arr`` lies within the slot's ``min``/``max``: one
+    reduction when ``min`` is 0 (viewed unsigned, a negative value lies above any ``max``). False for float
+    and bool arrays and for any value outside: then :func:`check_values` finds it and names it."""
     kind = arr.dtype.kind
-    if slot.lo == 0 and slot.hi is not None and kind in "iu":
-        # One reduction for both bounds: viewed unsigned, a negative value lies above any hi the dtype holds.
+    if kind not in "iu":
+        return False
+    lo, hi = slot.lo, slot.hi
+    if arr.ndim == 1 and arr.shape[0] <= _SMALL:  # a short row: Python's min/max beat a ufunc reduce
+        vals = arr.tolist()
+        return (lo is None or min(vals) >= lo) and (hi is None or max(vals) <= hi)
+    if lo == 0 and hi is not None:
         if kind == "u":
-            if arr.max() <= slot.hi:
-                return
-        elif slot.hi <= _IMAX[arr.dtype] and arr.view(_UNSIGNED[arr.dtype]).max() <= slot.hi:
-            return
+            return bool(_MAX(arr, None) <= hi)
+        if hi <= _IMAX[arr.dtype]:
+            return bool(_MAX(arr.view(_UNSIGNED[arr.dtype]), None) <= hi)
+    if lo is not None and _MIN(arr, None) < lo:
+        return False
+    return hi is None or bool(_MAX(arr, None) <= hi)
+
+
+def check_values(layout: Layout, slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
+    """NaN and ``min``/``max`` over the live values of one host source; the message gives the index.
+    (The refresh path asks :func:`values_fit` first and calls this only to find and name a bad value.)"""
     if arr.dtype.kind == "f" and np.isnan(arr).any():
         at = np.argwhere(np.isnan(arr))[0]
         raise Layout.fail(RefreshError, name, label, f"NaN at index {at.tolist()}")
@@ -371,7 +393,7 @@ def live_requests(
 
 def check_widths(widths: Any, wide: frozenset[str], label: str) -> dict[str, int]:
     """``widths`` (name → live width of a bound 2-D buffer) as ints; bool, float and str rejected."""
-    if not isinstance(widths, Mapping):
+    if type(widths) is not dict and not isinstance(widths, Mapping):  # the ABC check costs ~1 µs
         raise RefreshError(
             f"{label}: widths must be a mapping of buffer name to width, got {type(widths).__name__}"
         )
