@@ -524,9 +524,9 @@ def test_routed_paged_decode_update_then_replay_follows_lengths_every_step(npu, 
     assert [[c.name for c in g.calls] for g in npu.groups] == [[FIA_OUT]] * len(LAYERS)
     assert npu.group_allocations == 0
     for call in (g.calls[0] for g in npu.groups):  # buffers made before the group, lse by the op's rule
-        query = call.args[0]
+        query, value = call.args[0], call.args[2]
         _, lse_rule = kernels.npu_runtime()._npu_fused_infer_attention_score_infer_output(
-            query, call.kwargs["value"], input_layout="BNSD", softmax_lse_flag=False
+            query, value, input_layout="BNSD", softmax_lse_flag=False
         )
         out, lse = call.kwargs["out"]
         assert out.shape == query.shape and (lse.shape, lse.dtype) == (lse_rule.shape, lse_rule.dtype)
