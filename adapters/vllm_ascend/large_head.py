@@ -379,7 +379,8 @@ def decode_into(
     result = decode_attention(
         query, key_cache, value_cache, block_table, seq_lens, scale, seq_lens_host=seq_lens_kv, issue=issue
     )
-    out.copy_(result.reshape(out.shape))
+    if result.data_ptr() != out.data_ptr() or result.numel() != out.numel():  # never copied onto itself
+        out.copy_(result.reshape(out.shape))
     return out
 
 

@@ -260,8 +260,8 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
 
 def _paged_decode(impl: Any, route: Route, query: Any, key_cache: Any, value_cache: Any, block_table: Any,
                   seq_lens: Any, output: Any) -> Any:  # fmt: skip
-    """Decode through the group's paged tasks (rule 6; ``route.group`` is set), written straight into ``output``'s rows when they are
-    contiguous (a captured task writes a fixed address), else into a buffer copied out."""
+    """Decode through the group's paged tasks (rule 6; ``route.group`` is set), written into ``output``'s
+    rows when they are contiguous (a captured copy writes a fixed address), else into a buffer copied out."""
     batch = int(query.shape[0])
     lens = list(route.seq_lens_host[:batch]) + [0] * max(0, batch - len(route.seq_lens_host))
     target = None if output is None else (output if int(output.shape[0]) == batch else output[:batch])
