@@ -308,17 +308,17 @@ def test_standin_refuses_replay_of_an_unrecorded_event_and_mismatched_devices(np
     graph.replay()
 
 
-def test_finding_2_workspace_of_a_task_captured_at_short_lengths_fits_the_longest(npu):
-    """paged_decode_workspace (the routed decode sizes its task with it) ignores the captured lengths."""
+def test_finding_2_buffers_fit_every_length_the_table_allows(npu):
+    """paged_decode_buffers (the binding's and the routed decode's only source of FIA buffers) takes no
+    lengths: its workspace fits the longest KV length the block table allows, its lse the op's own rule."""
     query, kc, vc, table, lens = make_case([300, 5], 1, DTYPE, 20, "cpu")
     ids = lh.sanitize_block_table(table, lens, BLOCKS, BLOCK)
     q = query.unsqueeze(2)
-    workspace = kernels.paged_decode_workspace(q, kc, vc, ids, [1, 1], SCALE)
-    out, lse = torch.empty_like(q), torch.empty(1, dtype=q.dtype)
-    longest = [WIDTH * BLOCK, WIDTH * BLOCK]
-    kernels.paged_decode_bnsd(q, kc, vc, ids, longest, SCALE, out=out, workspace=workspace, softmax_lse=lse)
-    with pytest.raises(ValueError, match="batch"):
-        kernels.paged_decode_workspace(q, kc, vc, ids, [1], SCALE)
+    out, workspace, lse = kernels.paged_decode_buffers(q, kc, vc, ids, SCALE)
+    _, lse_rule = kernels.npu_runtime()._npu_fused_infer_attention_score_infer_output(q, vc)
+    assert out.shape == q.shape and lse.shape == lse_rule.shape and lse.dtype == lse_rule.dtype
+    for lengths in ([1, 1], [WIDTH * BLOCK, WIDTH * BLOCK], [WIDTH * BLOCK, 0]):
+        kernels.paged_decode_out(q, kc, vc, ids, out, workspace, lse, seq_lens_kv=lengths, scale=SCALE)
 
 
 def test_standin_workspace_too_small_for_longer_lengths_is_refused(npu):
