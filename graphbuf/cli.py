@@ -251,8 +251,15 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
-    from graphbuf.drill import run_drill_cli
-
+    try:
+        from graphbuf.drill import run_drill_cli
+    except ImportError as exc:
+        if exc.name != "hypothesis":
+            raise
+        raise SpecError(
+            "graphbuf drill draws its batches with Hypothesis, an optional dependency; install the test "
+            "extra: pip install 'graphbuf[test]'"
+        ) from None
     return run_drill_cli(args)
 
 
@@ -311,8 +318,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("drill", help="capture every size, replay randomized batches, compare with eager")
     spec_args(p)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "npu"))
-    p.add_argument("--replays", type=int, default=60, help="randomized replays (default 60)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replays", type=int, default=60, help="batches drawn and replayed (default 60)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the drawn batches (reproducible runs)")
+    p.add_argument(
+        "--save", metavar="FILE", help="on a mismatch, write the shrunk failing batch here (JSON; default: "
+        "a temporary file)",
+    )  # fmt: skip
+    p.add_argument(
+        "--replay", metavar="FILE", help="replay only the batch saved in FILE (with its seed and constants)"
+    )
+    p.add_argument(
+        "--padding-contract", action="store_true",
+        help="per buffer: do the tasks depend on its pad (required) or not (free)?",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_drill)
     return parser

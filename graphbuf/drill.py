@@ -1,36 +1,64 @@
-"""``graphbuf drill``: capture every size, replay randomized batches, compare each replay with eager.
+"""``graphbuf drill``: capture every size, replay batches drawn through Hypothesis, compare each with eager.
 
 A drill task is any object with ``name``, ``bind(buffers, generator)``, ``randomize(live_requests,
 generator)`` and ``__call__(step) -> Tensor``, plus optionally ``host_args(size, live, sources)``. Specs
 name their tasks under ``tasks:`` as ``module:function`` factories; without any, the drill runs the built-in
 :class:`PagedDecodeAttention` on the first KV group.
+
+Batches come from :mod:`graphbuf.testing`: the spec's rules plus the relations the tasks' factories declare
+(core graphbuf names no engine's buffers). A replay that differs from eager is shrunk to the smallest failing
+batch, saved as JSON and replayable with ``graphbuf drill SPEC --replay FILE``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
+import os
+import random
+import shlex
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import HypothesisException
+from hypothesis.strategies import SearchStrategy
 
 from graphbuf.buffers import StaticBuffers
+from graphbuf.drill_options import PAGED_DECODE
 from graphbuf.errors import SpecError
 from graphbuf.expr import parse_expr
+from graphbuf.factories import task_strategy
 from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.runner import OVERSIZE, GraphRunner, Step
 from graphbuf.planner import Plan, plan
 from graphbuf.spec import GraphSpec, TaskSpec, load_spec
+from graphbuf.testing import Relation, as_source, sample, sources, task_relations
 
-__all__ = ["OVERSIZE", "DrillReport", "DrillTask", "PagedDecodeAttention", "make_batch", "run_drill"]
+__all__ = [
+    "OVERSIZE",
+    "DrillBatch",
+    "DrillReport",
+    "DrillSession",
+    "DrillTask",
+    "PagedDecodeAttention",
+    "drill_batches",
+    "load_batch",
+    "run_drill",
+    "save_batch",
+]
 
 
 class DrillTask(Protocol):
@@ -112,56 +140,9 @@ class PagedDecodeAttention:
         return out.reshape(b * self.q_len, self.num_heads, self.head_dim).to(self.dtype)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Randomized batches
-
-
-def make_batch(p: Plan, live: int, rng: np.random.Generator, num_blocks: int) -> dict[str, np.ndarray]:
-    """Random sources for ``live`` requests: seq lens, shuffled block tables narrower than the allocation,
-    query offsets and slot mappings consistent with them; other buffers random within their bounds."""
-    tpr = p.tokens_per_request
-    bs = int(p.constants.get("block_size") or 16)
-    widths = [b.shape[1] for b in p.buffers if b.spec_name == "block_table"]
-    alloc_w = min(widths) if widths else 1
-    max_len = min(int(p.constants.get("max_model_len") or alloc_w * bs), alloc_w * bs)
-    seq_lens = rng.integers(tpr, max_len + 1, size=live).astype(np.int32)
-    need = -(-int(seq_lens.max(initial=tpr)) // bs)
-    width = int(rng.integers(need, alloc_w + 1))
-    env = {**p.constants, "requests": live, "tokens": live * tpr}
-    out: dict[str, np.ndarray] = {}
-    tables: dict[str | None, np.ndarray] = {}
-    for b in p.buffers:
-        if b.keep:
-            continue
-        if b.spec_name == "block_table":
-            table = rng.integers(0, num_blocks, size=(live, width)).astype(np.int32)  # garbage past need
-            for r in range(live):
-                n = -(-int(seq_lens[r]) // bs)
-                table[r, :n] = rng.permutation(num_blocks)[:n]
-            tables[b.group] = table
-            out[b.name] = table
-        elif b.name == "seq_lens":
-            out[b.name] = seq_lens
-        elif b.name == "query_start_loc":
-            out[b.name] = (np.arange(live + 1) * tpr).astype(np.int32)
-    for b in p.buffers:
-        if b.keep or b.name in out:
-            continue
-        rows = b.rows.eval(env)
-        if b.spec_name == "slot_mapping" and tables:
-            table = tables.get(b.group, next(iter(tables.values())))
-            r = np.repeat(np.arange(live), tpr)
-            pos = np.repeat(seq_lens.astype(np.int64) - tpr, tpr) + np.tile(np.arange(tpr), live)
-            out[b.name] = table[r, pos // bs].astype(np.int64) * bs + pos % bs
-            continue
-        lo = b.min if b.min is not None else 0
-        hi = b.max if b.max is not None else lo + 100
-        shape = (rows,) if b.cols is None else (rows, b.cols.eval(env))
-        out[b.name] = rng.integers(lo, hi + 1, size=shape).astype(str(b.dtype).removeprefix("torch."))
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------------
+def _finite(x: float) -> float | None:
+    """``x``, or None for inf/NaN (strict JSON has neither)."""
+    return x if math.isfinite(x) else None
 
 
 @dataclass
@@ -176,7 +157,7 @@ class SizeRow:
         return {
             "size": self.size,
             "replays": self.replays,
-            "max_abs_error": self.max_abs_error,
+            "max_abs_error": _finite(self.max_abs_error),
             "refresh_us_median": statistics.median(self.refresh_us) if self.refresh_us else None,
             "addresses_stable": self.addresses_stable,
         }
@@ -194,6 +175,9 @@ class DrillReport:
     capture_failures: dict[int, str] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    #: The smallest failing batch found: num_reqs, size, max_abs_error, error, saved (file), replay_command.
+    failure: dict[str, Any] | None = None
+    shrink_replays: int = 0
 
     @property
     def ok(self) -> bool:
@@ -202,6 +186,7 @@ class DrillReport:
             all(e <= self.tolerance for e in errors)
             and all(r.addresses_stable for r in self.rows.values())
             and not self.capture_failures
+            and self.failure is None
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -212,7 +197,9 @@ class DrillReport:
             "tolerance": self.tolerance,
             "ok": self.ok,
             "sizes": [r.as_dict() for r in self.rows.values()],
-            "eager": {"runs": self.eager_runs, "max_abs_error": self.eager_max_abs_error},
+            "eager": {"runs": self.eager_runs, "max_abs_error": _finite(self.eager_max_abs_error)},
+            "failure": self.failure,
+            "shrink_replays": self.shrink_replays,
             "capture_failures": {str(k): v for k, v in self.capture_failures.items()},
             "runner": self.stats,
             "seconds": round(self.seconds, 2),
@@ -236,6 +223,18 @@ class DrillReport:
         )
         for size, why in self.capture_failures.items():
             lines.append(f"capture FAILED at size {size}: {why}")
+        if self.failure is not None:
+            f = self.failure
+            where = f"capture size {f['size']}" if f["size"] is not None else "eager"
+            what = f["error"] or f"max abs err {f['max_abs_error']:.3g}"
+            lines.append(
+                f"smallest failing batch: {f['num_reqs']} requests ({where}): {what}"
+                + (f" (shrunk in {self.shrink_replays} replays)" if self.shrink_replays else "")
+            )
+            if f.get("saved"):
+                lines.append(f"saved to {f['saved']}")
+            if f.get("replay_command"):
+                lines.append(f"replay it: {f['replay_command']}")
         lines.append(f"{'PASS' if self.ok else 'FAIL'} in {self.seconds:.1f} s")
         return "\n".join(lines)
 
@@ -278,11 +277,202 @@ def _reference_views(buffers: StaticBuffers, sources: Mapping[str, Any]) -> dict
     largest = buffers.view(buffers.capture_sizes[-1])
     full = buffers.full
     return {
-        name: torch.as_tensor(sources[name], dtype=full[name].dtype, device=buffers.device)
+        name: torch.as_tensor(sources[name], device=buffers.device).to(full[name].dtype)
         if name in sources
         else largest[name]
         for name in buffers.names
     }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One drill session: buffers, tasks, captured graphs; one replay compared with eager
+
+
+@dataclass
+class Outcome:
+    """One replay compared with eager: the capture size it ran at (None: eager) and the largest error
+    (``inf`` for a shape mismatch or an exception, whose text is ``error``)."""
+
+    size: int | None
+    err: float
+    error: str | None = None
+
+
+class DrillSession:
+    """The drill's buffers, tasks and runner for one spec, captured at every size (unless ``capture`` is
+    False); :meth:`check` replays one batch and compares it with the tasks run eagerly on the raw batch."""
+
+    def __init__(
+        self,
+        spec: str | GraphSpec,
+        *,
+        device: str = "cpu",
+        seed: int = 0,
+        overrides: Mapping[str, int] | None = None,
+        allow_factories: Iterable[str] = (),
+        capture: bool = True,
+    ) -> None:
+        Graph(device)  # DeviceUnavailableError, before any work, if the device or its runtime is missing
+        spec_obj = (
+            spec
+            if isinstance(spec, GraphSpec)
+            else load_spec(spec, overrides=overrides, allow_factories=allow_factories)
+        )
+        self.overrides = dict(overrides or {})  # as given (saved with a failing batch)
+        overrides = dict(self.overrides)
+        if "num_blocks" not in spec_obj.constants:
+            spec_obj = spec_obj.model_copy(update={"constants": {**spec_obj.constants, "num_blocks": None}})
+        base = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
+        if base.constants["num_blocks"] is None:
+            # Enough distinct blocks for a full-width row; requests may share blocks: no numerics change.
+            widths = [b.shape[1] for b in base.buffers if b.cols is not None]
+            overrides["num_blocks"] = max(64, min(256, max(widths, default=16)))
+        self.spec, self.seed = spec_obj, seed
+        self.plan = p = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
+        self.buffers = StaticBuffers(p, device)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.tasks = _build_tasks(spec_obj, p)
+        self.relations = _relations(spec_obj, allow_factories)
+        for task in self.tasks:
+            task.bind(self.buffers, self.generator)
+        self.max_requests = p.capture_sizes[-1] // p.tokens_per_request
+        warm = sample(sources(p, self.max_requests, relations=self.relations), seed=seed)[0]
+        self.buffers.refresh(p.capture_sizes[-1], warm, num_reqs=self.max_requests)
+        rows = [getattr(t, "output_rows", "tokens") for t in self.tasks]
+        # A failed capture is reported (FAIL), not raised.
+        self.runner = GraphRunner(self.buffers, self.step, output_rows=rows, on_capture_error="eager")
+        if capture:
+            self.runner.capture()
+
+    def step(self, step: Step) -> tuple[torch.Tensor, ...]:
+        return tuple(task(step) for task in self.tasks)
+
+    def host_args(self, size: int, live: int, srcs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for task in self.tasks:
+            if hasattr(task, "host_args"):
+                out.update(task.host_args(size, live, srcs))
+        return out
+
+    def randomize(self, live: int, task_seed: int) -> None:
+        """New task inputs (queries, KV) for a batch of ``live`` requests, drawn from ``task_seed``."""
+        self.generator.manual_seed(task_seed)
+        for task in self.tasks:
+            task.randomize(live, self.generator)
+
+    def check(self, live: int, srcs: Mapping[str, Any], task_seed: int) -> Outcome:
+        """Replay one batch (eager above the largest size) and compare with the tasks on the raw batch."""
+        tpr = self.plan.tokens_per_request
+        self.randomize(live, task_seed)
+        size = self.runner.size_for(live)
+        try:
+            args = self.host_args(size or live * tpr, live, srcs)
+            got = tuple(t.clone() for t in self.runner.run(srcs, num_reqs=live, host_args=args))
+            ref = _reference_views(self.buffers, srcs)
+            want = self.step(Step(live * tpr, ref, None, args, live))
+        except Exception as exc:  # a kernel fault or a rejected batch is a failure the drill reports
+            return Outcome(size, math.inf, f"{type(exc).__name__}: {exc}")
+        if any(g.shape != w.shape for g, w in zip(got, want)):
+            shapes = ", ".join(f"{list(g.shape)} vs {list(w.shape)}" for g, w in zip(got, want))
+            return Outcome(size, math.inf, f"output shapes differ (replay vs eager): {shapes}")
+        err = max(
+            ((g.float() - w.float()).abs().max().item() if g.numel() else 0.0) for g, w in zip(got, want)
+        )
+        return Outcome(size, math.inf if math.isnan(err) else err)
+
+
+def _relations(spec: GraphSpec, allow_factories: Iterable[str]) -> tuple[Relation, ...]:
+    if spec.tasks:
+        return task_relations(spec, allow_factories)
+    builtin = task_strategy(PAGED_DECODE.factory)
+    return (builtin,) if builtin is not None else ()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Batches the drill draws, and the file a failing one is saved to
+
+
+@dataclass(frozen=True)
+class DrillBatch:
+    """One drawn batch: ``live`` requests, their sources, and the seed of the tasks' random inputs."""
+
+    live: int
+    sources: dict[str, Any]
+    task_seed: int
+
+
+def drill_batches(
+    session: DrillSession, lo: int = 1, hi: int | None = None
+) -> SearchStrategy[DrillBatch]:
+    """Batches of ``lo..hi`` requests (default: up to a few above the largest capture size, which run
+    eagerly) drawn through :func:`graphbuf.testing.sources` and the tasks' relations."""
+    top = session.max_requests
+    if hi is None:
+        hi = min(OVERSIZE * top, top + max(2, top // 4))
+    p, rels = session.plan, session.relations
+    return st.builds(
+        lambda pair, task_seed: DrillBatch(pair[0], pair[1], task_seed),
+        st.integers(lo, hi).flatmap(lambda live: sources(p, live, relations=rels).map(lambda s: (live, s))),
+        st.integers(0, 2**31 - 1),
+    )
+
+
+BATCH_FORMAT = "graphbuf-drill-batch/1"
+
+
+def save_batch(path: str | Path, session: DrillSession, batch: DrillBatch, outcome: Outcome) -> None:
+    """Write ``batch`` as JSON with what replays it: spec name, seed, constants, device."""
+    srcs = {}
+    for name, src in batch.sources.items():
+        arr = src.float().numpy() if isinstance(src, torch.Tensor) else np.asarray(src)
+        srcs[name] = {"dtype": session.plan[name].dtype_name, "shape": list(arr.shape),
+                      "data": arr.reshape(-1).tolist()}  # fmt: skip
+    doc = {
+        "format": BATCH_FORMAT,
+        "spec": session.spec.name,
+        "seed": session.seed,
+        "overrides": session.overrides,
+        "device": str(session.buffers.device),
+        "num_reqs": batch.live,
+        "size": outcome.size,
+        "task_seed": batch.task_seed,
+        "max_abs_error": outcome.err if math.isfinite(outcome.err) else None,
+        "error": outcome.error,
+        "sources": srcs,
+    }
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def load_batch(path: str | Path) -> dict[str, Any]:
+    """A saved batch file (see :func:`save_batch`); SpecError naming the file if it is not one."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"{path}: cannot read a saved drill batch: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != BATCH_FORMAT:
+        raise SpecError(f"{path}: not a saved drill batch (expected \"format\": {BATCH_FORMAT!r})")
+    for key, kind in (("seed", int), ("device", str), ("overrides", dict), ("sources", dict)):
+        if not isinstance(doc.get(key), kind):
+            raise SpecError(f"{path}: malformed saved drill batch: {key!r} must be a {kind.__name__}")
+    return doc
+
+
+def _batch_of(doc: Mapping[str, Any], session: DrillSession, path: str | Path) -> DrillBatch:
+    if doc.get("spec") != session.spec.name:
+        raise SpecError(f"{path}: saved from spec {doc.get('spec')!r}, not {session.spec.name!r}")
+    srcs = {}
+    try:
+        for name, entry in doc["sources"].items():
+            if name not in session.plan.names:
+                raise SpecError(f"{path}: sources.{name}: no such buffer in {session.spec.name!r}")
+            values = np.asarray(entry["data"], dtype=np.float64 if "float" in entry["dtype"] else np.int64)
+            srcs[name] = as_source(session.plan[name], values.reshape(entry["shape"]))
+        return DrillBatch(int(doc["num_reqs"]), srcs, int(doc["task_seed"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SpecError(f"{path}: malformed saved drill batch: {type(exc).__name__}: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------------------------------
 
 
 def run_drill(
@@ -295,98 +485,156 @@ def run_drill(
     tolerance: float = 1e-4,
     progress: Callable[[int, int], None] | None = None,
     allow_factories: Iterable[str] = (),
+    save: str | Path | None = None,
+    replay: str | Path | None = None,
 ) -> DrillReport:
-    """Run the drill and return its report (see the module docstring). ``allow_factories``: modules whose
-    unregistered task factories may be imported (see :mod:`graphbuf.factories`)."""
+    """Run the drill and return its report (see the module docstring).
+
+    ``replays`` bounds the batches drawn: first one per capture size (a request count only that size
+    holds), then random ones through Hypothesis from ``seed``. A failing batch is shrunk (Hypothesis'
+    shrinker; its calls are counted in ``report.shrink_replays``) and, with ``save``, written there as JSON.
+    ``replay``: run only the batch saved in that file, with its seed, constants and device.
+    ``allow_factories``: modules whose unregistered task factories may be imported (see
+    :mod:`graphbuf.factories`)."""
     started = time.perf_counter()
-    Graph(device)  # DeviceUnavailableError, before any work, if the device or its runtime is missing
-    spec_obj = (
-        spec
-        if isinstance(spec, GraphSpec)
-        else load_spec(spec, overrides=overrides, allow_factories=allow_factories)
+    doc = load_batch(replay) if replay is not None else None
+    if doc is not None:
+        seed, device = int(doc["seed"]), str(doc["device"])
+        overrides = {**doc["overrides"], **(overrides or {})}
+    session = DrillSession(
+        spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories
     )
-    overrides = dict(overrides or {})
-    if "num_blocks" not in spec_obj.constants:
-        spec_obj = spec_obj.model_copy(update={"constants": {**spec_obj.constants, "num_blocks": None}})
-    base = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
-    if base.constants["num_blocks"] is None:
-        # Enough distinct blocks for a full-width row; requests may share blocks, which changes no numerics.
-        widths = [b.shape[1] for b in base.buffers if b.cols is not None]
-        overrides["num_blocks"] = max(64, min(256, max(widths, default=16)))
-    p = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
-    num_blocks = int(p.constants["num_blocks"])  # type: ignore[arg-type]
-    buffers = StaticBuffers(p, device)
-    gen = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    tasks = _build_tasks(spec_obj, p)
-    for task in tasks:
-        task.bind(buffers, gen)
-
-    def step_fn(step: Step) -> tuple[torch.Tensor, ...]:
-        return tuple(task(step) for task in tasks)
-
-    def host_args(size: int, live: int, sources: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for task in tasks:
-            if hasattr(task, "host_args"):
-                out.update(task.host_args(size, live, sources))
-        return out
-
-    max_req = p.capture_sizes[-1] // p.tokens_per_request
-    warm = make_batch(p, max_req, rng, num_blocks)
-    buffers.refresh(p.capture_sizes[-1], warm)
-    rows = [getattr(t, "output_rows", "tokens") for t in tasks]
-    # A failed capture is reported (FAIL), not raised.
-    runner = GraphRunner(buffers, step_fn, output_rows=rows, on_capture_error="eager")
-    runner.capture()
-    start_addresses = {s: buffers.addresses(s) for s in p.capture_sizes}
+    p, runner = session.plan, session.runner
+    start_addresses = {s: session.buffers.addresses(s) for s in p.capture_sizes}
     report = DrillReport(
-        spec=spec_obj.name,
+        spec=session.spec.name,
         device=device,
-        tasks=[t.name for t in tasks],
+        tasks=[getattr(t, "name", type(t).__name__) for t in session.tasks],
         tolerance=tolerance,
         rows={s: SizeRow(s) for s in p.capture_sizes},
         capture_failures=dict(runner.stats.capture_failures),
     )
-    for i in range(replays):
-        # Every capture size in turn, then random sizes; about one batch in eight above the largest.
-        if i < len(p.capture_sizes):
-            lo = p.capture_sizes[i - 1] // p.tokens_per_request + 1 if i else 1
-            live = int(rng.integers(lo, p.capture_sizes[i] // p.tokens_per_request + 1))
-        elif rng.random() < 0.125:
-            live = int(rng.integers(max_req + 1, min(OVERSIZE * max_req, max_req + max(2, max_req // 4)) + 1))
-        else:
-            live = int(rng.integers(1, max_req + 1))
-        for task in tasks:
-            task.randomize(live, gen)
-        sources = make_batch(p, live, rng, num_blocks)
-        size = runner.size_for(live)
-        args = host_args(size or live * p.tokens_per_request, live, sources)
-        got = runner.run(sources, num_reqs=live, host_args=args)
-        got = tuple(t.clone() for t in got)
-        want = step_fn(
-            Step(live * p.tokens_per_request, _reference_views(runner.buffers, sources), None, args, live)
-        )
-        err = max(
-            ((g.float() - w.float()).abs().max().item() if g.numel() else 0.0) for g, w in zip(got, want)
-        )
-        if any(g.shape != w.shape for g, w in zip(got, want)):
-            err = math.inf
-        if size is None or size in runner.stats.capture_failures:
+
+    def record(batch: DrillBatch, out: Outcome) -> None:
+        if out.size is None or out.size in runner.stats.capture_failures:
             report.eager_runs += 1
-            report.eager_max_abs_error = max(report.eager_max_abs_error, err)
-        else:
-            row = report.rows[size]
-            row.replays += 1
-            row.max_abs_error = max(row.max_abs_error, err)
+            report.eager_max_abs_error = max(report.eager_max_abs_error, out.err)
+            return
+        row = report.rows[out.size]
+        row.replays += 1
+        row.max_abs_error = max(row.max_abs_error, out.err)
+        if out.error is None:
             row.refresh_us.append(runner.stats.refresh_s[-1] * 1e6)
-        if progress is not None:
-            progress(i + 1, replays)
+
+    def failed(out: Outcome) -> bool:
+        return out.err > tolerance
+
+    first: tuple[DrillBatch, Outcome] | None = None
+    if doc is not None:
+        batch = _batch_of(doc, session, replay)  # type: ignore[arg-type]
+        out = session.check(batch.live, batch.sources, batch.task_seed)
+        record(batch, out)
+        if failed(out):
+            first = (batch, out)
+        minimal = first
+    else:
+        done = 0
+        # One batch per capture size (a request count only that size holds), drawn through the strategies.
+        bands, lo = [], 1
+        for s in p.capture_sizes:
+            hi = s // p.tokens_per_request
+            bands.append(drill_batches(session, min(lo, hi), hi))
+            lo = hi + 1
+        sweep = list(sample(st.tuples(*bands[:replays]), seed=seed)[0]) if replays and bands else []
+        for batch in sweep:
+            out = session.check(batch.live, batch.sources, batch.task_seed)
+            record(batch, out)
+            done += 1
+            if progress is not None:
+                progress(done, replays)
+            if first is None and failed(out):
+                first = (batch, out)
+        budget = replays - done if first is None else max(replays - done, 2 * len(p.capture_sizes))
+        minimal = _search(session, budget, seed, first, failed, record, progress, done, replays, report)
     for s, addrs in start_addresses.items():
-        report.rows[s].addresses_stable = buffers.addresses(s) == addrs
+        report.rows[s].addresses_stable = session.buffers.addresses(s) == addrs
+    if minimal is not None:
+        batch, out = minimal
+        report.failure = {
+            "num_reqs": batch.live,
+            "size": out.size,
+            "max_abs_error": out.err if math.isfinite(out.err) else None,
+            "error": out.error,
+            "saved": str(save) if save is not None else None,
+        }
+        if save is not None:
+            save_batch(save, session, batch, out)
     report.stats = runner.stats.as_dict()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _search(
+    session: DrillSession,
+    budget: int,
+    seed: int,
+    first: tuple[DrillBatch, Outcome] | None,
+    failed: Callable[[Outcome], bool],
+    record: Callable[[DrillBatch, Outcome], None],
+    progress: Callable[[int, int], None] | None,
+    done: int,
+    replays: int,
+    report: DrillReport,
+) -> tuple[DrillBatch, Outcome] | None:
+    """Draw up to ``budget`` batches through Hypothesis; shrink the first failure with at most
+    ``max(replays, 50)`` more replays; return the smallest failing batch seen (None if none failed)."""
+    found: list[tuple[DrillBatch, Outcome]] = [first] if first is not None else []
+    shrinking = [first is not None]
+    count = [done]
+    seen: dict[tuple[Any, ...], bool] = {}  # a batch seen again answers the same, without a replay
+    shrink_budget = max(replays, 50)
+
+    def fails(batch: DrillBatch) -> bool:
+        key = _key(batch)
+        if key in seen:
+            return seen[key]
+        if shrinking[0] and report.shrink_replays >= shrink_budget:
+            return False  # shrink budget spent: report the smallest failure so far
+        out = session.check(batch.live, batch.sources, batch.task_seed)
+        if shrinking[0]:
+            report.shrink_replays += 1
+        else:
+            record(batch, out)
+            count[0] += 1
+            if progress is not None:
+                progress(count[0], replays)
+        seen[key] = failed(out)
+        if seen[key]:
+            shrinking[0] = True
+            found.append((batch, out))
+        return seen[key]
+
+    if budget > 0:
+        config = settings(
+            max_examples=budget, database=None, deadline=None, derandomize=False,
+            phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
+        )  # fmt: skip
+        # NoSuchExample: nothing failed; any other Hypothesis error: report what was seen.
+        with contextlib.suppress(HypothesisException):
+            find(drill_batches(session), fails, settings=config, random=random.Random(seed))
+    return min(found, key=lambda f: (f[0].live, _cells(f[0]))) if found else None
+
+
+def _cells(batch: DrillBatch) -> int:
+    return sum(int(np.prod(np.shape(s))) for s in batch.sources.values())
+
+
+def _key(batch: DrillBatch) -> tuple[Any, ...]:
+    arrays = (
+        (name, src.float().numpy() if isinstance(src, torch.Tensor) else np.asarray(src))
+        for name, src in batch.sources.items()
+    )
+    return (batch.live, batch.task_seed, *((n, a.shape, a.tobytes()) for n, a in arrays))
 
 
 def run_drill_cli(args: argparse.Namespace) -> int:
@@ -395,6 +643,16 @@ def run_drill_cli(args: argparse.Namespace) -> int:
 
     if args.replays < 0:
         raise SpecError(f"--replays {args.replays}: must be ≥ 0")
+    overrides = _overrides(args.set)
+    if args.padding_contract:
+        from graphbuf.padding_contract import run_padding_contract
+
+        contract = run_padding_contract(
+            args.spec, device=args.device, seed=args.seed, overrides=overrides,
+            allow_factories=args.allow_factory,
+        )  # fmt: skip
+        print(json.dumps(contract.as_dict(), indent=2) if args.json else contract.render())
+        return 0
     tty = sys.stderr.isatty()
     last = [0.0]
 
@@ -405,14 +663,27 @@ def run_drill_cli(args: argparse.Namespace) -> int:
             end = "\n" if done == total or not tty else ""
             print(f"\rdrill: {done}/{total} replays", end=end, file=sys.stderr, flush=True)
 
+    save = args.save
+    if save is None and args.replay is None:
+        fd, save = tempfile.mkstemp(prefix="graphbuf-drill-", suffix=".json")
+        os.close(fd)
     report = run_drill(
         args.spec,
         device=args.device,
         replays=args.replays,
         seed=args.seed,
-        overrides=_overrides(args.set),
-        progress=progress,
+        overrides=overrides,
+        progress=None if args.replay else progress,
         allow_factories=args.allow_factory,
+        save=save if args.replay is None else None,
+        replay=args.replay,
     )
+    if args.save is None and args.replay is None and report.failure is None:
+        os.unlink(save)  # nothing failed: no file to keep
+    if report.failure is not None and args.replay is None:
+        allow = "".join(f" --allow-factory {shlex.quote(m)}" for m in args.allow_factory)
+        report.failure["replay_command"] = (
+            f"graphbuf drill {shlex.quote(args.spec)} --replay {shlex.quote(str(save))}{allow}"
+        )
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.render())
     return 0 if report.ok else 1

@@ -28,4 +28,6 @@ class PagedDecodeOptions(BaseModel):
     )
 
 
-PAGED_DECODE = TaskFactory("graphbuf.drill:PagedDecodeAttention", PagedDecodeOptions)
+PAGED_DECODE = TaskFactory(
+    "graphbuf.drill:PagedDecodeAttention", PagedDecodeOptions, strategy="graphbuf.testing:paged_kv"
+)

@@ -38,6 +38,7 @@ __all__ = [
     "declare_options",
     "registered_factories",
     "resolve_options",
+    "task_strategy",
 ]
 
 #: The entry point group that registers task factories.
@@ -75,18 +76,23 @@ hook's worst case) -> one :class:`RouteCost` per route and mode."""
 class TaskFactory:
     """A registered factory: ``factory`` is ``'package.module:function'``; ``options`` validates its keyword
     options (a pydantic model; declare it with ``extra='forbid'`` so a typo is an error); ``costs``: an
-    optional :data:`CostHook` for ``graphbuf plan``."""
+    optional :data:`CostHook` for ``graphbuf plan``; ``strategy``, if any, is ``'package.module:function'`` of
+    the relation its tasks need between buffers (a Hypothesis strategy factory, see :mod:`graphbuf.testing`),
+    imported only by the drill and the strategies."""
 
     factory: str
     options: type[BaseModel]
     costs: CostHook | None = None
+    strategy: str | None = None
 
 
-def declare_options(options: type[BaseModel]) -> Callable[[F], F]:
-    """Decorator: attach ``options`` (a pydantic model) to a factory allowed with ``--allow-factory``."""
+def declare_options(options: type[BaseModel], strategy: str | None = None) -> Callable[[F], F]:
+    """Decorator: attach ``options`` (a pydantic model) and, optionally, the ``'module:function'`` of its
+    batch relation (see :class:`TaskFactory`) to a factory allowed with ``--allow-factory``."""
 
     def mark(fn: F) -> F:
         fn.graphbuf_options = options  # type: ignore[attr-defined]
+        fn.graphbuf_strategy = strategy  # type: ignore[attr-defined]
         return fn
 
     return mark
@@ -178,6 +184,29 @@ def _schema(factory: str, allow: Iterable[str]) -> type[BaseModel]:
             "graphbuf.factories.declare_options(<pydantic model>)"
         )
     return options
+
+
+def task_strategy(factory: str, allow: Iterable[str] = ()) -> Callable[..., Any] | None:
+    """The batch relation ``factory`` declares (imported), or None if it declares none.
+
+    Raises ValueError naming the factory if it is not usable (as for its options) or its relation does not
+    import."""
+    decl = registered_factories().get(factory)
+    if decl is not None:
+        path = decl.strategy
+    else:
+        _schema(factory, allow)  # refuses an unregistered, unallowed factory before any import
+        module, _, attr = factory.partition(":")
+        path = getattr(getattr(importlib.import_module(module), attr), "graphbuf_strategy", None)
+    if path is None:
+        return None
+    module, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    except Exception as exc:
+        raise ValueError(
+            f"{factory!r}: its strategy {path!r} does not import: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def resolve_options(

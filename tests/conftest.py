@@ -1,4 +1,6 @@
-"""Shared fixtures for the core tests: a small valid spec mapping, a YAML writer, a slab snapshot helper."""
+"""Shared fixtures for the core tests: a small valid spec mapping, a YAML writer, a slab snapshot helper; and
+the Hypothesis profiles: ``ci`` (derandomized, each test's own example count; the default, used by .ci/run)
+and ``deep`` (random, ten times the examples): ``pytest --hypothesis-profile=deep``."""
 
 from __future__ import annotations
 
@@ -9,8 +11,13 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import settings
 
 from graphbuf import StaticBuffers
+from graphbuf.testing import register_profiles
+
+register_profiles()
+settings.load_profile("ci")  # Hypothesis' plugin loads --hypothesis-profile=NAME over it
 
 # A small spec with one buffer of every kind the refresh rules distinguish. Capacities at sizes 2, 4, 8
 # (tokens_per_request 2): 1, 2, 4 requests; block tables are 4 columns wide (cdiv(64, 16)).

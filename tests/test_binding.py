@@ -15,12 +15,18 @@ import torch
 import graphbuf
 from graphbuf.adapters.vllm_ascend.binding import Gemma4AttentionTask, LargeHeadBinding
 from graphbuf.cli import main
-from graphbuf.drill import make_batch, run_drill
+from graphbuf.drill import run_drill
 from graphbuf.graphs.runner import GraphRunner, Step
 from graphbuf.graphs.tasks import TaskKind
+from graphbuf.testing import sample, sources
 
 # The shipped spec at a small model length so the software kernels run fast; the layout is unchanged.
 SMALL = {"max_model_len": 256, "num_blocks": 32}
+
+
+def make_batch(p: graphbuf.Plan, live: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """``live`` requests drawn through the adapter's relation (graphbuf.testing), seeded by ``rng``."""
+    return sample(sources(p, live), seed=int(rng.integers(2**31)))[0]
 
 
 def gemma_buffers(**extra: int) -> graphbuf.StaticBuffers:
@@ -100,7 +106,7 @@ def test_replays_follow_fresh_lengths_and_tables(mode: str) -> None:
     addresses = {s: bufs.addresses(s) for s in bufs.capture_sizes}
     for live in (3, 1, 7, 2, 2):
         task.randomize(live, gen)
-        src = make_batch(bufs.plan, live, rng, 32)
+        src = make_batch(bufs.plan, live, rng)
         size = runner.size_for(live)
         got = runner.run(src, host_args=task.host_args(size, live, src))
         want = reference(task, src["block_table.full"], src["seq_lens"])
@@ -120,7 +126,7 @@ def test_decode_without_reissue_replays_stale_host_lengths() -> None:
     runner = GraphRunner(bufs, task, output_rows="requests")
     runner.capture()
     rng = np.random.default_rng(2)
-    src = make_batch(bufs.plan, 4, rng, 32)
+    src = make_batch(bufs.plan, 4, rng)
     fresh = runner.run(src, host_args=task.host_args(16, 4, src)).clone()
     torch.testing.assert_close(fresh, reference(task, src["block_table.full"], src["seq_lens"]))
     src2 = dict(src, seq_lens=np.maximum(src["seq_lens"] // 2, 1).astype(np.int32))
@@ -137,7 +143,7 @@ def test_host_args_pad_lengths_to_the_captured_batch() -> None:
 
 def test_too_wide_block_table_is_rejected_and_buffers_unchanged() -> None:
     bufs = gemma_buffers()
-    src = make_batch(bufs.plan, 4, np.random.default_rng(3), 32)
+    src = make_batch(bufs.plan, 4, np.random.default_rng(3))
     bufs.refresh(16, src)
     before = bufs.slab.numpy().tobytes()
     alloc = bufs.full["block_table.full"].shape[1]
@@ -194,7 +200,7 @@ def test_dense_decode_task_reads_device_lengths_without_host_args() -> None:
     runner.capture()
     rng = np.random.default_rng(4)
     for live in (4, 2):
-        src = make_batch(bufs.plan, live, rng, 32)
+        src = make_batch(bufs.plan, live, rng)
         assert task.host_args(runner.size_for(live), live, src) == {}
         got = runner.run(src)
         torch.testing.assert_close(got, reference(task, src["block_table.full"], src["seq_lens"]))

@@ -21,6 +21,7 @@ from graphbuf import GraphSpec, PlanTooLargeError, RefreshError, RowsError, Stat
 from graphbuf.buffers import poison_value
 from graphbuf.graphs.graph import Graph
 from graphbuf.planner import BufferPlan, Plan
+from graphbuf.testing import examples
 
 Mapping = dict[str, Any]
 
@@ -390,7 +391,7 @@ def test_static_buffers_state_machine(
 
     run_state_machine_as_test(
         Machine,
-        settings=settings(max_examples=200, stateful_step_count=10, deadline=None, derandomize=True),
+        settings=settings(max_examples=examples(200), stateful_step_count=10),
     )
     faults = ("too_wide", "too_many_rows", "out_of_bounds", "wrong_dtype", "missing", "disagree")
     assert Machine.tally["valid"] >= 200, Machine.tally

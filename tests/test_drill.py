@@ -14,8 +14,9 @@ import yaml
 import graphbuf
 import graphbuf.drill as drill
 from graphbuf.cli import main
-from graphbuf.drill import PagedDecodeAttention, make_batch, run_drill
+from graphbuf.drill import PagedDecodeAttention, run_drill
 from graphbuf.graphs.runner import Step
+from graphbuf.testing import paged_kv, sample, sources
 
 EXAMPLE = {
     "version": 1,
@@ -88,7 +89,9 @@ def test_drill_exits_1_on_a_mismatch(example: Path, monkeypatch: pytest.MonkeyPa
                 self.query = torch.randn(self.query.shape, generator=generator)
 
     monkeypatch.setattr(drill, "_build_tasks", lambda spec, p: [Rebinding(group="full")])
-    assert main(["drill", str(example), "--replays", "10"]) == 1
+    saved = example.with_name("failure.json")
+    assert main(["drill", str(example), "--replays", "10", "--save", str(saved)]) == 1
+    assert drill.load_batch(saved)["num_reqs"] >= 1
 
 
 def test_built_in_task_matches_a_per_query_reference(example: Path) -> None:
@@ -97,7 +100,7 @@ def test_built_in_task_matches_a_per_query_reference(example: Path) -> None:
     task = PagedDecodeAttention(group="full", num_heads=4, num_kv_heads=2, head_dim=8)
     object.__setattr__(p, "constants", {**p.constants, "num_blocks": 32})
     task.bind(bufs, torch.Generator().manual_seed(0))
-    src = make_batch(p, 3, np.random.default_rng(0), 32)
+    src = sample(sources(p, 3, relations=[paged_kv]), seed=0)[0]
     views = {k: torch.as_tensor(v) for k, v in src.items()}
     out = task(Step(12, views, None, {}, 3))
     bt, lens, q_len = src["block_table.full"], src["seq_lens"], 4

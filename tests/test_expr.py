@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphbuf.expr import ExprError, parse_expr
+from graphbuf.testing import examples
 
 
 @pytest.mark.parametrize(
@@ -168,7 +169,7 @@ def _combine(children: st.SearchStrategy[tuple[str, int]]) -> st.SearchStrategy[
     return st.one_of(negated, *(binary(op) for op in ("+", "-", "*", "//", "%", "min", "max", "cdiv")))
 
 
-@settings(max_examples=150, deadline=None, derandomize=True)
+@settings(max_examples=examples(150))
 @given(st.recursive(_leaf, _combine, max_leaves=12))
 def test_random_expressions_match_python(case: tuple[str, int]) -> None:
     text, value = case

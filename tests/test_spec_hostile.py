@@ -23,6 +23,7 @@ import graphbuf
 from graphbuf.cli import main
 from graphbuf.errors import GraphbufError, SpecError
 from graphbuf.spec import GraphSpec, load_spec
+from graphbuf.testing import examples
 
 GEMMA = "gemma4-31b-it-mtp"
 
@@ -325,7 +326,7 @@ def _edit(base: Mapping[str, Any], edits: list[tuple[tuple[str, ...], Any]]) -> 
     return d
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(st.tuples(st.sampled_from(_PATHS), _VALUES), min_size=1, max_size=4))
 def test_generated_spec_mappings_raise_nothing_but_spec_error(
     spec_mapping: Callable[[], dict[str, Any]], edits: list[tuple[tuple[str, ...], Any]]
@@ -365,7 +366,7 @@ _YAML_PIECES = st.sampled_from(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200))
 @given(pieces=st.lists(_YAML_PIECES, min_size=1, max_size=5), noise=st.text(max_size=20))
 def test_generated_yaml_texts_raise_nothing_but_spec_error(
     pieces: list[str], noise: str, tmp_path_factory

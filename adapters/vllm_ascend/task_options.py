@@ -52,9 +52,11 @@ class VerifyTaskOptions(_AttentionOptions):
     chunk_blocks: PositiveInt = Field(2, description="KV blocks per chunk of the blockwise verify.")
 
 
+#: The batch relation both tasks need (see :mod:`graphbuf.testing`).
+BATCH_STRATEGY = "graphbuf.adapters.vllm_ascend.strategies:vllm_decode_batch"
 DECODE_TASK = TaskFactory(
-    "graphbuf.adapters.vllm_ascend.binding:decode_task", DecodeTaskOptions, decode_costs
+    "graphbuf.adapters.vllm_ascend.binding:decode_task", DecodeTaskOptions, decode_costs, BATCH_STRATEGY
 )
 VERIFY_TASK = TaskFactory(
-    "graphbuf.adapters.vllm_ascend.binding:verify_task", VerifyTaskOptions, verify_costs
+    "graphbuf.adapters.vllm_ascend.binding:verify_task", VerifyTaskOptions, verify_costs, BATCH_STRATEGY
 )
