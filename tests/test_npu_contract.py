@@ -16,7 +16,7 @@ from pathlib import Path
 import npu_contract_standin as standin
 import pytest
 import torch
-from attention_cases import BLOCK, BLOCKS, HEAD_DIM, TOL, WIDTH, make_case, sdpa_reference
+from attention_cases import BLOCK, BLOCKS, HEAD_DIM, KV_HEADS, TOL, WIDTH, make_case, sdpa_reference
 
 from graphbuf.adapters.vllm_ascend import kernels
 from graphbuf.adapters.vllm_ascend import large_head as lh
@@ -308,17 +308,17 @@ def test_standin_refuses_replay_of_an_unrecorded_event_and_mismatched_devices(np
     graph.replay()
 
 
-def test_finding_2_workspace_of_a_task_captured_at_short_lengths_fits_the_longest(npu):
-    """paged_decode_workspace (the routed decode sizes its task with it) ignores the captured lengths."""
+def test_finding_2_buffers_fit_every_length_the_table_allows(npu):
+    """paged_decode_buffers (the binding's and the routed decode's only source of FIA buffers) takes no
+    lengths: its workspace fits the longest KV length the block table allows, its lse the op's own rule."""
     query, kc, vc, table, lens = make_case([300, 5], 1, DTYPE, 20, "cpu")
     ids = lh.sanitize_block_table(table, lens, BLOCKS, BLOCK)
     q = query.unsqueeze(2)
-    workspace = kernels.paged_decode_workspace(q, kc, vc, ids, [1, 1], SCALE)
-    out, lse = torch.empty_like(q), torch.empty(1, dtype=q.dtype)
-    longest = [WIDTH * BLOCK, WIDTH * BLOCK]
-    kernels.paged_decode_bnsd(q, kc, vc, ids, longest, SCALE, out=out, workspace=workspace, softmax_lse=lse)
-    with pytest.raises(ValueError, match="batch"):
-        kernels.paged_decode_workspace(q, kc, vc, ids, [1], SCALE)
+    out, workspace, lse = kernels.paged_decode_buffers(q, kc, vc, ids, SCALE)
+    _, lse_rule = kernels.npu_runtime()._npu_fused_infer_attention_score_infer_output(q, vc)
+    assert out.shape == q.shape and lse.shape == lse_rule.shape and lse.dtype == lse_rule.dtype
+    for lengths in ([1, 1], [WIDTH * BLOCK, WIDTH * BLOCK], [WIDTH * BLOCK, 0]):
+        kernels.paged_decode_out(q, kc, vc, ids, out, workspace, lse, seq_lens_kv=lengths, scale=SCALE)
 
 
 def test_standin_workspace_too_small_for_longer_lengths_is_refused(npu):
@@ -363,13 +363,294 @@ def _capture_decode_on(static, start_lens):
 
 
 # --- the routed attention (vllm-ascend's forward_impl patched by the plugin) --------------------------------
+#
+# The real routed protocol: ``routing.plan_route`` plans the group (its GroupBuffers, task registry and
+# routes) from a builder carrying the vLLM config fields graphbuf reads, and refreshes graphbuf's buffers for
+# each batch; ``routing.forward`` runs each layer under a ``torch.npu.graph`` capture as vllm-ascend's
+# ACLGraphWrapper takes it (its forward context says ``capturing``); before each replay
+# ``routing.update_routed(update_stream, ...)`` re-issues the tasks as the patched update_graph_params calls
+# it. Lengths change every step (distinct, >= 100); the reference is computed from the runner's own table.
+
+LAYERS = ("model.layers.5.self_attn.attn", "model.layers.11.self_attn.attn")
+MAX_REQS = 4  # the capture size's requests; batches keep the last row as padding
+
+
+class _Mode:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Routed:
+    """One routed KV group driven as vllm-ascend drives it: build, forward (capture), update, replay."""
+
+    def __init__(self, monkeypatch, q_len: int, spec_tokens: int, rows: int = MAX_REQS) -> None:
+        import types
+
+        from graphbuf.adapters.vllm_ascend import routing
+
+        self.routing, self.q_len, self.rows = routing, q_len, rows
+        package = types.ModuleType("vllm_ascend")
+        context = types.ModuleType("vllm_ascend.ascend_forward_context")
+        context._EXTRA_CTX = types.SimpleNamespace(capturing=False)
+        self.context = context._EXTRA_CTX
+        monkeypatch.setitem(sys.modules, "vllm_ascend", package)
+        monkeypatch.setitem(sys.modules, "vllm_ascend.ascend_forward_context", context)
+        tpr = 1 + spec_tokens
+        config = types.SimpleNamespace(
+            compilation_config=types.SimpleNamespace(
+                cudagraph_mode=_Mode("FULL_DECODE_ONLY"),
+                cudagraph_capture_sizes=[r * tpr for r in (1, 2, MAX_REQS)],  # vLLM: multiples of 1 + k
+            ),
+            speculative_config=types.SimpleNamespace(num_speculative_tokens=spec_tokens)
+            if spec_tokens
+            else None,
+            quant_config=None,
+            model_config=types.SimpleNamespace(max_model_len=WIDTH * BLOCK),
+            scheduler_config=types.SimpleNamespace(max_num_seqs=MAX_REQS, max_num_batched_tokens=2048),
+            parallel_config=types.SimpleNamespace(tensor_parallel_size=2),
+        )
+        spec = types.SimpleNamespace(
+            head_size=HEAD_DIM, num_kv_heads=KV_HEADS, sliding_window=None, block_size=BLOCK
+        )
+        self.builder = types.SimpleNamespace(
+            vllm_config=config, kv_cache_spec=spec, device="cpu", decode_threshold=tpr
+        )
+        self.impls = [
+            types.SimpleNamespace(
+                head_size=HEAD_DIM,
+                scale=SCALE,
+                sliding_window=None,
+                sinks=None,
+                alibi_slopes=None,
+                attn_type="decoder",
+                key_cache=None,
+                value_cache=None,
+            )
+            for _ in LAYERS
+        ]
+        first = make_case([1] * rows, q_len, DTYPE, 0, "cpu")
+        self.query = torch.empty_like(first[0])
+        self.caches = [(torch.empty_like(first[1]), torch.empty_like(first[2])) for _ in LAYERS]
+        self.outputs = [torch.full_like(self.query, float("nan")) for _ in LAYERS]
+        self.table = torch.zeros(rows, WIDTH, dtype=torch.int32)  # the runner's persistent tensors
+        self.seq_lens = torch.zeros(rows, dtype=torch.int32)
+        self.graph = torch.npu.NPUGraph()
+        self.update_stream = torch.npu.Stream()
+
+    def load(self, live_lens: list[int], seed: int) -> None:
+        """A new batch in the runner's tensors and the layers' caches (in place, as vLLM's runner writes)."""
+        lens = live_lens + [0] * (self.rows - len(live_lens))
+        query, kc, vc, table, seq_lens = make_case(lens, self.q_len, DTYPE, seed, "cpu")
+        self.query.copy_(query)
+        for i, (k, v) in enumerate(self.caches):
+            k.copy_(kc if i == 0 else vc)  # distinct caches per layer
+            v.copy_(vc if i == 0 else kc)
+        needed = (seq_lens.view(-1, 1) + BLOCK - 1) // BLOCK
+        column = torch.arange(WIDTH).view(1, -1)
+        self.table.copy_(torch.where(column < needed, table, 0))  # vLLM's runner: 0 past a row's blocks
+        self.seq_lens.copy_(seq_lens)
+        self.live = len(live_lens)
+        self.lens = lens
+
+    def build(self):  # type: ignore[no-untyped-def]
+        """The group's metadata of the loaded batch, built as the patched builder builds it."""
+        import types
+
+        live, q = self.live, self.q_len
+        common = types.SimpleNamespace(
+            query_start_loc_cpu=[i * q for i in range(live + 1)] + [live * q] * (self.rows - live),
+            seq_lens=self.seq_lens, block_table_tensor=self.table, num_reqs=self.rows,
+            num_actual_tokens=live * q, num_input_tokens=self.rows * q, max_query_len=q, causal=True,
+        )  # fmt: skip
+        metadata = types.SimpleNamespace(
+            attn_state=_Mode("DecodeOnly" if q == 1 else "SpecDecoding"), num_prefills=0,
+            seq_lens_list=list(self.lens[:live]),
+        )  # fmt: skip
+        route = self.routing.plan_route(self.builder, common, metadata)
+        assert route is not None and route.q_len == q and route.group is not None, route
+        setattr(metadata, self.routing.ROUTE_ATTR, route)
+        return metadata
+
+    def forward(self, metadata) -> None:  # type: ignore[no-untyped-def]
+        def original(*args, **kwargs):
+            raise AssertionError("the routed batch fell back to vllm-ascend's path")
+
+        for impl, (kc, vc), out in zip(self.impls, self.caches, self.outputs, strict=True):
+            self.routing.forward(original, impl, self.query, None, None, (kc, vc), metadata, out)
+
+    def capture(self, metadata) -> None:  # type: ignore[no-untyped-def]
+        self.context.capturing = True
+        try:
+            with torch.no_grad(), torch.npu.graph(self.graph):
+                self.forward(metadata)
+        finally:
+            self.context.capturing = False
+
+    def update(self, metadata) -> int:  # type: ignore[no-untyped-def]
+        """What the patched update_graph_params does for graphbuf's groups before the replay."""
+        return self.routing.update_routed(
+            self.update_stream, self.rows * self.q_len, dict.fromkeys(LAYERS, metadata)
+        )
+
+    def references(self) -> list[torch.Tensor]:
+        lens = torch.tensor(self.lens, dtype=torch.int32)
+        return [
+            sdpa_reference(self.query, kc, vc, self.table, lens, self.q_len, SCALE) for kc, vc in self.caches
+        ]
+
+
+FIA_OUT = "npu_fused_infer_attention_score.out"
+
+
+def _step_lengths(step: int, live: int = MAX_REQS - 1) -> list[int]:
+    """``live`` distinct KV lengths >= 100 for ``step``; no two steps share a list."""
+    return _distinct_lengths(live, 100 + step)
+
+
+@pytest.mark.parametrize("spec_tokens", [0, 2], ids=["decode", "mtp_group_decode"])
+def test_routed_paged_decode_update_then_replay_follows_lengths_every_step(npu, monkeypatch, spec_tokens):
+    """Capture through routing.forward with a planned group (one task per layer), then per step: new batch
+    built (graphbuf's buffers refreshed), update_routed on the update stream, replay; matches the reference
+    and the eager kernel at lengths that change every step. The group holds the one FIA .out per layer."""
+    # An MTP group's 1-token batches replay vLLM's sizes (multiples of 1 + k): 3 rows, the last one padding.
+    rows = MAX_REQS if spec_tokens == 0 else 1 + spec_tokens
+    routed = _Routed(monkeypatch, 1, spec_tokens, rows)
+    routed.load(_step_lengths(0, rows - 1), seed=40)
+    captured = routed.build()
+    routed.capture(captured)
+    route = getattr(captured, routed.routing.ROUTE_ATTR)
+    tasks = route.group.decodes.tasks(route.size)
+    assert [t.owner for t in tasks] == routed.impls and all(t.npu is not None for t in tasks)
+    assert [[c.name for c in g.calls] for g in npu.groups] == [[FIA_OUT]] * len(LAYERS)
+    assert npu.group_allocations == 0
+    for call in (g.calls[0] for g in npu.groups):  # buffers made before the group, lse by the op's rule
+        query, value = call.args[0], call.args[2]
+        _, lse_rule = kernels.npu_runtime()._npu_fused_infer_attention_score_infer_output(
+            query, value, input_layout="BNSD", softmax_lse_flag=False
+        )
+        out, lse = call.kwargs["out"]
+        assert out.shape == query.shape and (lse.shape, lse.dtype) == (lse_rule.shape, lse_rule.dtype)
+        assert call.kwargs["workspace"] is not None
+    seen: list[list[int]] = []
+    for step in range(1, 5):
+        lens = _step_lengths(step, rows - 1)
+        routed.load(lens, seed=40 + step)
+        metadata = routed.build()
+        assert routed.update(metadata) == len(LAYERS)
+        routed.graph.replay()
+        seen.append(lens)
+        assert [t.lens for t in tasks] == [[*lens, 0]] * len(LAYERS)
+        route = getattr(metadata, routed.routing.ROUTE_ATTR)
+        for out, ref, (kc, vc) in zip(routed.outputs, routed.references(), routed.caches, strict=True):
+            torch.testing.assert_close(out.float(), ref, **TOL)
+            eager = lh.decode_attention(routed.query, kc, vc, route.block_table, route.seq_lens, SCALE,
+                                        seq_lens_host=routed.lens)  # fmt: skip
+            torch.testing.assert_close(out, eager, rtol=0, atol=0)
+            assert not out[rows - 1].any()  # the padded request
+    assert len({tuple(x) for x in seen}) == len(seen) and min(min(x) for x in seen) >= 100
+    assert npu.updates == len(LAYERS) * len(seen) and npu.group_allocations == 0
+
+
+def test_routed_paged_decode_without_update_is_stale_or_blocks(npu, monkeypatch):
+    """Skipping update_routed is visible: with no event recorded the replay would block the device (the
+    stand-in refuses it); with the events armed but nothing re-issued, the captured lengths replay."""
+    routed = _Routed(monkeypatch, 1, 0)
+    first = _step_lengths(0)
+    routed.load(first, seed=50)
+    captured = routed.build()
+    routed.capture(captured)
+    routed.load(_step_lengths(1), seed=51)
+    metadata = routed.build()
+    with pytest.raises(ContractError, match="event"):
+        routed.graph.replay()
+    route = getattr(metadata, routed.routing.ROUTE_ATTR)
+    route.group.decodes.arm(route.size, routed.update_stream)  # events only: no lengths re-issued
+    routed.graph.replay()
+    fresh = routed.references()
+    routed.lens = [*first, 0]
+    stale = routed.references()
+    for out, want, old in zip(routed.outputs, fresh, stale, strict=True):
+        assert not torch.allclose(out.float(), want, **TOL)
+        torch.testing.assert_close(out.float(), old, **TOL)
+
+
+def test_routed_paged_decode_back_to_back_steps_without_host_sync(npu, monkeypatch):
+    """Build -> update -> replay for 6 steps back to back with no synchronize and no device-to-host read
+    (what a 910B would stall on); each step's output is kept by a device copy and checked after the loop.
+    Every update first waits for the replaying stream (the ordering the device needs without a host sync)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostReads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.ops.aten._local_scalar_dense.default:
+                HostReads.count += 1
+            return func(*args, **(kwargs or {}))
+
+    syncs = []
+    monkeypatch.setattr(torch.npu, "synchronize", lambda device=None: syncs.append(device))
+    routed = _Routed(monkeypatch, 1, 0)
+    routed.load(_step_lengths(0), seed=60)
+    routed.capture(routed.build())
+    steps = [(_step_lengths(10 + i), 61 + i) for i in range(6)]
+    batches = []
+    for lens, seed in steps:  # the inputs of every step, made before the loop (host work of the runner)
+        routed.load(lens, seed)
+        batches.append(([t.clone() for t in (routed.query, routed.table, routed.seq_lens)],
+                        [(k.clone(), v.clone()) for k, v in routed.caches], list(routed.lens)))  # fmt: skip
+    kept = torch.empty((len(steps), len(LAYERS), *routed.query.shape), dtype=DTYPE)
+    waits_before = sum(1 for e in npu.log if e[0] == "wait_stream")
+    with HostReads():
+        for i, ((tensors, caches, lens), (live, _)) in enumerate(zip(batches, steps, strict=True)):
+            for dst, src in zip((routed.query, routed.table, routed.seq_lens), tensors, strict=True):
+                dst.copy_(src, non_blocking=True)
+            for (k, v), (k_src, v_src) in zip(routed.caches, caches, strict=True):
+                k.copy_(k_src, non_blocking=True)
+                v.copy_(v_src, non_blocking=True)
+            routed.live, routed.lens = len(live), lens
+            assert routed.update(routed.build()) == len(LAYERS)
+            routed.graph.replay()
+            for j, out in enumerate(routed.outputs):
+                kept[i, j].copy_(out, non_blocking=True)
+    assert HostReads.count == 0 and syncs == []
+    # Each task update first waits for the replaying stream (one per layer and step).
+    assert sum(1 for e in npu.log if e[0] == "wait_stream") - waits_before == len(steps) * len(LAYERS)
+    for i, (tensors, caches, lens) in enumerate(batches):
+        query, table, _ = tensors
+        for j, (kc, vc) in enumerate(caches):
+            ref = sdpa_reference(query, kc, vc, table, torch.tensor(lens, dtype=torch.int32), 1, SCALE)
+            torch.testing.assert_close(kept[i, j].float(), ref, **TOL)
+
+
+@pytest.mark.parametrize("mode", ["blockwise", "dense"])
+def test_routed_verify_replays_follow_device_lengths_with_nothing_to_reissue(npu, monkeypatch, mode):
+    """MTP verify (q_len 3) through routing.forward with a planned group: captured as ordinary kernels (no
+    task group: no host arguments), the masked kernel the graph-capable v3; per step build -> update_routed
+    (re-issues nothing) -> replay matches the reference at lengths that change every step."""
+    import dataclasses
+
+    routed = _Routed(monkeypatch, 3, 2)
+    routed.load(_step_lengths(0), seed=70)
+    captured = routed.build()
+    group = getattr(captured, routed.routing.ROUTE_ATTR).group
+    group.modes = dataclasses.replace(group.modes, verify=mode)
+    assert group.modes.verify == mode
+    routed.capture(captured)
+    assert npu.groups == [] and npu.group_allocations == 0
+    for step in range(1, 4):
+        routed.load(_step_lengths(step), seed=70 + step)
+        assert routed.update(routed.build()) == 0
+        routed.graph.replay()
+        for out, ref in zip(routed.outputs, routed.references(), strict=True):
+            torch.testing.assert_close(out.float(), ref, **TOL)
 
 
 @pytest.mark.parametrize("q_len", [1, 3])
-def test_finding_1_routed_attention_under_a_full_graph_capture(npu, monkeypatch, q_len):
-    """routing.forward inside a Graph("npu") capture, as vllm-ascend's FULL capture runs it (its forward
-    context says ``capturing``): decode and MTP verify reach the masked BNSD kernel, which must be the
-    graph-capable one; replays after in-place changes match the reference."""
+def test_routed_attention_without_a_task_registry_reads_device_lengths(npu, monkeypatch, q_len):
+    """A Route not planned by plan_route (no group, so nothing can re-issue host lengths) decodes with the
+    device lengths under a capture: no task group, no baked host list; replays after in-place changes of the
+    buffers match the reference."""
     import types
 
     from graphbuf.adapters.vllm_ascend import routing
@@ -397,7 +678,32 @@ def test_finding_1_routed_attention_under_a_full_graph_capture(npu, monkeypatch,
     graph = Graph("npu")
     with torch.no_grad(), graph.capture():
         routing.forward(original, impl, query, None, None, (kc, vc), metadata, output)
+    assert npu.groups == []
     for seed, new in ((17, [512, 3, 385]), (18, [130, 257, 4])):
         _copy_case(static, new, q_len, seed)
         graph.replay()
         torch.testing.assert_close(output.float(), sdpa_reference(*static, q_len, SCALE), **TOL)
+
+
+def test_routed_paged_decode_refuses_a_capture_its_forward_context_does_not_announce(npu, monkeypatch):
+    """A capture vllm-ascend did not start (its forward context does not say capturing, vLLM's says FULL)
+    registers no task, so nobody would re-issue the host lengths: refused with a clear error."""
+    routed = _Routed(monkeypatch, 1, 0)
+    routed.load(_step_lengths(0), seed=80)
+    metadata = routed.build()
+    import types
+
+    monkeypatch.setattr(
+        routed.routing,
+        "_forward_context",
+        lambda: types.SimpleNamespace(cudagraph_runtime_mode=_Mode("FULL")),
+    )
+    with (
+        pytest.raises(RuntimeError, match="does not say capturing"),
+        torch.no_grad(),
+        torch.npu.graph(routed.graph),
+    ):
+        routed.forward(metadata)
+    routed.forward(metadata)  # no capture underway: one eager call, correct
+    for out, ref in zip(routed.outputs, routed.references(), strict=True):
+        torch.testing.assert_close(out.float(), ref, **TOL)

@@ -1,11 +1,13 @@
 """Routed paged decode tasks (``routed_decode.RoutedDecodes``) on CPU, and their NPU task protocol.
 
 CPU: the software task reads only the host lengths it was last issued with; ``update`` re-issues them and
-``replay`` runs the tasks as a device replay would. NPU protocol (no NPU here): ``torch.npu`` and the
-fused-infer kernel are replaced by recorders, and ``kernels.uses_npu_kernels`` says yes, so the NPU branch
-runs on CPU tensors: the captured task group must hold exactly the one kernel call (the block table is
-sanitized before it), and an update must re-issue that call with the fresh lengths inside
-``graph_task_update_begin/end`` on the update stream, then record the task's event.
+``replay`` runs the tasks as a device replay would. NPU protocol order (no NPU here): ``torch.npu`` and the
+kernel entry points ``kernels.paged_decode_buffers`` / ``kernels.paged_decode_out`` are replaced by
+recorders, and ``kernels.uses_npu_kernels`` says yes, so the NPU branch runs on CPU tensors: the captured
+task group must hold exactly the one ``paged_decode_out`` call (sanitising and buffers before it, the
+copy-out after it), and an update must re-issue that call with the fresh lengths inside
+``graph_task_update_begin/end`` on the update stream, then record the task's event. The same path against
+the rule-enforcing torch_npu stand-in: ``tests/test_npu_contract.py`` (routed protocol tests).
 """
 
 from __future__ import annotations
@@ -128,25 +130,26 @@ class _NpuRecorder:
             graph_task_update_end=lambda stream: log.append(("update_end", stream)),
         )
 
-    def paged_decode_bnsd(self, query, key_cache, value_cache, block_table, seq_lens_host, scale, *, out,  # type: ignore[no-untyped-def]
-                          workspace, softmax_lse):  # fmt: skip
-        self.log.append(("fia.out", list(seq_lens_host)))
+    def paged_decode_out(self, query, key_cache, value_cache, block_table, out, workspace, softmax_lse, *,  # type: ignore[no-untyped-def]
+                         seq_lens_kv, scale):  # fmt: skip
+        self.log.append(("fia.out", list(seq_lens_kv)))
         assert query.dim() == 4 and out.dim() == 4 and query.shape[2] == 1
         assert block_table.dtype == torch.int32
         assert int(block_table.min()) >= 0 and int(block_table.max()) < key_cache.shape[0]  # sanitized
-        return out
+        assert (out, workspace, softmax_lse) == self.buffers  # the buffers made before the group
 
-    def paged_decode_workspace(self, *args: Any) -> torch.Tensor:
-        self.log.append(("workspace", None))
-        return torch.empty(8)
+    def paged_decode_buffers(self, query, key_cache, value_cache, block_table, scale):  # type: ignore[no-untyped-def]
+        self.log.append(("buffers", None))
+        self.buffers = (torch.full_like(query, 5.0), torch.empty(8), torch.empty(0))
+        return self.buffers
 
 
 def test_npu_task_group_holds_one_kernel_call_and_updates_reissue_it(monkeypatch: pytest.MonkeyPatch) -> None:
     rec = _NpuRecorder()
     monkeypatch.setattr(torch, "npu", rec.npu, raising=False)
     monkeypatch.setattr(kernels, "uses_npu_kernels", lambda tensor: True)
-    monkeypatch.setattr(kernels, "paged_decode_bnsd", rec.paged_decode_bnsd)
-    monkeypatch.setattr(kernels, "paged_decode_workspace", rec.paged_decode_workspace)
+    monkeypatch.setattr(kernels, "paged_decode_out", rec.paged_decode_out)
+    monkeypatch.setattr(kernels, "paged_decode_buffers", rec.paged_decode_buffers)
     sanitized: list[int] = []
     real_sanitize = large_head.sanitize_block_table
 
@@ -159,17 +162,18 @@ def test_npu_task_group_holds_one_kernel_call_and_updates_reissue_it(monkeypatch
     table[2] = -7  # garbage in a padding row: sanitized to block 0 before the task
     query = query.to(torch.bfloat16)
     kc, vc = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
-    out = torch.full_like(query, 5.0)
+    out = torch.full_like(query, float("nan"))
     decodes = routed_decode.RoutedDecodes()
     decodes.run("layer", 3, True, query, kc, vc, table, lens, [20, 5, 0], 0.125, out)
 
     names = [name for name, _ in rec.log]
     begin, end = names.index("group_begin"), names.index("group_end")
     assert names[begin + 1 : end] == ["fia.out"]  # exactly one kernel call inside the group
-    assert sanitized and sanitized[0] <= begin and names.index("workspace") < begin
+    assert sanitized and sanitized[0] <= begin and names.index("buffers") < begin
     assert names[:begin][-2:] == ["event.wait", "event.reset"]
     assert rec.log[begin + 1] == ("fia.out", [20, 5, 0])
-    assert not out[2].any() and out[:2].eq(5.0).all()  # the 0-length row is zeroed outside the group
+    # Copied out after the group (the recorder's kernel leaves its output at 5.0); the 0-length row zeroed.
+    assert not out[2].any() and out[:2].eq(5.0).all()
     [task] = decodes.tasks(3)
     handle = task.npu.handle
 

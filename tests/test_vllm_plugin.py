@@ -116,8 +116,17 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
         calls.append(("verify", seen))
         return torch.ones_like(query)
 
+    def decode_into(query, key_cache, value_cache, block_table, seq_lens, out, *, seq_lens_kv, scale,  # type: ignore[no-untyped-def]
+                    issue=None):  # fmt: skip
+        result = module.decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale,  # type: ignore[attr-defined]
+                                         seq_lens_host=seq_lens_kv)  # fmt: skip
+        if result.data_ptr() != out.data_ptr():  # as the real one: never copied onto itself
+            out.copy_(result.reshape(out.shape))
+        return out
+
     module.DEFAULT_CHUNK_BLOCKS = 2  # type: ignore[attr-defined]
     module.decode_attention = decode_attention  # type: ignore[attr-defined]
+    module.decode_into = decode_into  # type: ignore[attr-defined]
     module.verify_attention = verify_attention  # type: ignore[attr-defined]
     module.verify_attention_blockwise = verify_attention_blockwise  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, LARGE_HEAD_MODULE, module)

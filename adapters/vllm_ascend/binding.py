@@ -37,6 +37,7 @@ from . import kernels
 from .large_head import (
     DEFAULT_CHUNK_BLOCKS,
     decode_attention,
+    decode_into,
     verify_attention,
     verify_attention_blockwise,
 )
@@ -63,10 +64,8 @@ def _decode_kernel(
         return
     # Software paged decode with the NPU kernel's contract: KV lengths come from the host list baked at
     # capture, and only the blocks they need are read.
-    out.copy_(
-        decode_attention(
-            query, key_cache, value_cache, block_table, seq_lens, scale, seq_lens_host=seq_lens_kv
-        )
+    decode_into(
+        query, key_cache, value_cache, block_table, seq_lens, out, seq_lens_kv=seq_lens_kv, scale=scale
     )
 
 
@@ -190,18 +189,10 @@ class LargeHeadBinding:
         b = block_table.shape[0]
         # The lengths here only fix the list's form; step.task takes the step's own ATTENTION host arguments.
         lens = [int(n) for n in step.host_args.get(TaskKind.ATTENTION.value, {}).get("seq_lens_kv", [0] * b)]
-        out.copy_(
-            decode_attention(
-                query,
-                key_cache,
-                value_cache,
-                block_table,
-                seq_lens,
-                self.scale,
-                seq_lens_host=lens,
-                issue=issue,
-            )
-        )
+        return decode_into(
+            query, key_cache, value_cache, block_table, seq_lens, out, seq_lens_kv=lens, scale=self.scale,
+            issue=issue,
+        )  # fmt: skip
         return out
 
     def verify(

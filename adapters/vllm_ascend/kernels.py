@@ -240,8 +240,8 @@ def paged_decode_buffers(
     capture they come from the graph's pool) and keep them alive as long as the graph."""
     torch_npu = _require_npu("paged_decode_buffers")
     longest = [int(block_table.shape[1]) * int(key_cache.shape[1])] * int(query.shape[0])
-    workspace = paged_decode_workspace(query, key_cache, value_cache, block_table, longest, scale)
     kwargs = _paged_decode_kwargs(query, key_cache, value_cache, block_table, longest, scale)
+    workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(**kwargs)
     out, softmax_lse = torch_npu._npu_fused_infer_attention_score_infer_output(
         kwargs["query"],
         kwargs["value"],
@@ -310,26 +310,3 @@ def paged_decode_bnsd(
         seq_lens_kv=seq_lens_host, scale=scale,
     )  # fmt: skip
     return out
-
-
-def paged_decode_workspace(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens_host: Sequence[int],
-    scale: float,
-) -> torch.Tensor:
-    """The kernel's workspace for these shapes, sized for every request at the longest KV length the block
-    table allows (``W * block_size``), whatever ``seq_lens_host`` holds: a task captured at short lengths
-    and updated to longer ones still fits. ``seq_lens_host`` fixes only the batch (B ints). Allocate once
-    before the task group, keep it alive as long as the graph."""
-    torch_npu = _require_npu("paged_decode_workspace")
-    batch = int(query.shape[0])
-    if len(seq_lens_host) != batch:
-        raise ValueError(
-            f"paged_decode_workspace: seq_lens_host has {len(seq_lens_host)} ints, batch is {batch}"
-        )
-    longest = [int(block_table.shape[1]) * int(key_cache.shape[1])] * batch
-    kwargs = _paged_decode_kwargs(query, key_cache, value_cache, block_table, longest, scale)
-    return torch_npu._npu_fused_infer_attention_score_get_max_workspace(**kwargs)

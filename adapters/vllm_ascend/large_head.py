@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_CHUNK_BLOCKS",
     "IssueTask",
     "decode_attention",
+    "decode_into",
     "gather_kv_bnsd",
     "hidden_mask",
     "sanitize_block_table",
@@ -358,6 +359,29 @@ def decode_attention(
         if not kernels.uses_npu_kernels(query):
             return _paged_decode_software(query, key_cache, value_cache, block_table, lens, scale, batch)
     return _dense(query, key_cache, value_cache, block_table, seq_lens, 1, scale, batch)
+
+
+def decode_into(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    seq_lens_kv: Sequence[int],
+    scale: float,
+    issue: IssueTask | None = None,
+) -> torch.Tensor:
+    """:func:`decode_attention` with host KV lengths ``seq_lens_kv``, written into ``out`` ``[B, Nq, D]``
+    (the copy is an ordinary kernel, outside any task group); returns ``out``. The one decode entry point
+    of the drill's binding and of the routed vllm-ascend path; ``issue`` as in :func:`decode_attention`."""
+    result = decode_attention(
+        query, key_cache, value_cache, block_table, seq_lens, scale, seq_lens_host=seq_lens_kv, issue=issue
+    )
+    if result.data_ptr() != out.data_ptr() or result.numel() != out.numel():  # never copied onto itself
+        out.copy_(result.reshape(out.shape))
+    return out
 
 
 def _paged_decode_software(

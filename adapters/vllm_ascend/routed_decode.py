@@ -6,14 +6,19 @@ module keeps graphbuf's tasks apart from vllm-ascend's ``GraphParams`` (whose up
 parameter tuples by position): :class:`RoutedDecodes` holds one routed KV group's tasks by capture size, and
 ``routing.update_routed`` re-issues them from ``update_graph_params`` before each replay.
 
-* NPU (float16/bfloat16): the block table is sanitized outside the task; the task group is exactly one
-  fused-infer ``.out`` call writing into the layer's output, with workspace and softmax LSE allocated before
-  the group and kept alive by the task (``graphbuf.graphs.tasks.npu_capture_task`` /
-  ``npu_update_task``: an external event gates the group at replay; the update records it).
-* Elsewhere: the software paged decode (``large_head.decode_attention`` with ``seq_lens_host``), which
-  reads only the host lengths it was last issued with. Capture runs it once; :meth:`RoutedDecodes.update`
-  re-issues it with new lengths; :meth:`RoutedDecodes.replay` runs the tasks of a size as the device's graph
-  replay would, so a task that is not re-issued replays stale lengths.
+Every call goes through ``large_head.decode_into(..., seq_lens_kv=, issue=)``, the entry point the
+drill's binding uses too, so the routed and the bound decode are one code path:
+
+* NPU (float16/bfloat16): ``large_head.decode_attention`` sanitizes the block table, allocates the
+  kernel's buffers (``kernels.paged_decode_buffers``) and zeroes rows that see no key as ordinary
+  kernels, around one call ``issue(kernels.paged_decode_out, ...)``. Under capture that call, and only
+  it, is the task group (``graphbuf.graphs.tasks.npu_capture_task``: an external event gates it at
+  replay); the result is copied into the layer's output outside the group. An update re-issues it
+  (``npu_update_task``).
+* Elsewhere: the software paged decode, which reads only the host lengths it was last issued with.
+  Capture runs it once; :meth:`RoutedDecodes.update` re-issues it with new lengths;
+  :meth:`RoutedDecodes.replay` runs the tasks of a size as the device's graph replay would, so a task that
+  is not re-issued replays stale lengths.
 """
 
 from __future__ import annotations
@@ -34,41 +39,29 @@ __all__ = ["DecodeTask", "RoutedDecodes"]
 
 @dataclass
 class DecodeTask:
-    """One layer's captured paged decode: ``fn(*tensor_args, seq_lens_host=lens)`` writes ``out``.
+    """One layer's captured paged decode: ``fn(*tensor_args, seq_lens_kv=lens)``.
 
-    ``owner``: the layer (kept alive so its identity keys the task); ``npu``: the NPU task group, or None
-    for the software task; ``updates``: how many times it was re-issued.
+    ``owner``: the layer (kept alive so its identity keys the task); ``npu``: the NPU task group (``fn`` is
+    then ``kernels.paged_decode_out``), or None for the software task (``fn`` decodes into the layer's
+    output); ``updates``: how many times it was re-issued.
     """
 
     owner: Any
     fn: Callable[..., Any]
     tensor_args: tuple[torch.Tensor, ...]
     lens: list[int]
-    out: torch.Tensor
     npu: NpuTaskState | None = None
     updates: int = 0
 
     def run(self) -> None:
         """Run the task with its current host lengths (the software task; what a replay computes)."""
-        self.fn(*self.tensor_args, seq_lens_host=list(self.lens))
+        self.fn(*self.tensor_args, seq_lens_kv=list(self.lens))
 
 
-def _software_decode(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    seq_lens_host: list[int],
-    scale: float,
-) -> None:
-    result = large_head.decode_attention(
-        query, key_cache, value_cache, block_table, seq_lens, scale, seq_lens_host=seq_lens_host
-    )
-    if result.data_ptr() != out.data_ptr() or result.numel() != out.numel():  # never copied onto itself
-        out.copy_(result.reshape(out.shape))
+def _stream_capturing() -> bool:
+    npu = getattr(torch, "npu", None)
+    probe = getattr(npu, "is_current_stream_capturing", None)
+    return bool(probe()) if callable(probe) else False
 
 
 class RoutedDecodes:
@@ -97,50 +90,45 @@ class RoutedDecodes:
     ) -> torch.Tensor:
         """Decode ``query`` ``[B, Nq, D]`` into ``out`` ``[B, Nq, D]`` with KV lengths ``seq_lens_host`` (B
         host ints equal to the live part of ``seq_lens``). ``capturing``: register the call as ``owner``'s
-        task at ``size`` (replacing an earlier capture of the same layer and size). Returns ``out``."""
-        lens = [int(n) for n in seq_lens_host]
-        if kernels.uses_npu_kernels(query) and query.dtype != torch.float32:
-            return self._run_npu(owner, size, capturing, query, key_cache, value_cache, block_table,
-                                 seq_lens, lens, scale, out)  # fmt: skip
-        fn = functools.partial(_software_decode, scale=float(scale))
-        task = DecodeTask(owner, fn, (query, key_cache, value_cache, block_table, seq_lens, out), lens, out)
-        task.run()
-        if capturing:
-            self._tasks.setdefault(size, {})[id(owner)] = task
-        return out
+        task at ``size`` (replacing an earlier capture of the same layer and size). Returns ``out``.
 
-    def _run_npu(
-        self,
-        owner: Any,
-        size: int,
-        capturing: bool,
-        query: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        block_table: torch.Tensor,
-        seq_lens: torch.Tensor,
-        lens: list[int],
-        scale: float,
-        out: torch.Tensor,
-    ) -> torch.Tensor:
-        num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
-        # Sanitized outside the task group: the group holds exactly the one kernel call.
-        ids = large_head.sanitize_block_table(block_table, seq_lens, num_blocks, block_size)
-        query4, out4 = query.unsqueeze(2), out.unsqueeze(2)  # BNSD views, no copy
-        workspace = kernels.paged_decode_workspace(query4, key_cache, value_cache, ids, lens, scale)
-        lse = torch.empty(1, dtype=query.dtype, device=query.device)
-        fn = functools.partial(
-            kernels.paged_decode_bnsd, scale=float(scale), out=out4, workspace=workspace, softmax_lse=lse
-        )
-        tensor_args = (query4, key_cache, value_cache, ids)
-        if capturing:
-            state = npu_capture_task(fn, tensor_args, {"seq_lens_host": lens})
-            task = DecodeTask(owner, fn, tensor_args, lens, out, npu=state)
-            self._tasks.setdefault(size, {})[id(owner)] = task
+        RuntimeError when an NPU graph capture is underway on the current stream but ``capturing`` is
+        False: the kernel would bake the host lengths into a graph with no task to re-issue them.
+        """
+        lens = [int(n) for n in seq_lens_host]
+        scale = float(scale)
+        issued: list[DecodeTask] = []
+
+        def issue(
+            fn: Callable[..., Any], *tensors: torch.Tensor, seq_lens_kv: list[int], scale: float
+        ) -> None:
+            body = functools.partial(fn, scale=scale)
+            host = {"seq_lens_kv": list(seq_lens_kv)}
+            if capturing:
+                state = npu_capture_task(body, tensors, host)
+                issued.append(DecodeTask(owner, body, tensors, list(seq_lens_kv), npu=state))
+                return
+            if _stream_capturing():
+                raise RuntimeError(
+                    f"routed paged decode at capture size {size}: an NPU graph capture is underway but "
+                    "vllm-ascend's forward context does not say capturing, so no task would be registered "
+                    "and update_graph_params could never re-issue the host KV lengths baked into the graph; "
+                    "capture through vllm-ascend's ACLGraphWrapper (or use decode_mode: dense)"
+                )
+            body(*tensors, **host)
+
+        large_head.decode_into(query, key_cache, value_cache, block_table, seq_lens, out, seq_lens_kv=lens,
+                               scale=scale, issue=issue)  # fmt: skip
+        if not capturing:
+            return out
+        if issued:
+            (task,) = issued
+        elif not kernels.uses_npu_kernels(query):
+            fn = functools.partial(large_head.decode_into, scale=scale)
+            task = DecodeTask(owner, fn, (query, key_cache, value_cache, block_table, seq_lens, out), lens)
         else:
-            fn(*tensor_args, seq_lens_host=lens)
-        valid = (seq_lens.to(torch.int64) > 0).view(-1, 1, 1)
-        out.masked_fill_(~valid, 0)  # a 0-length (padding) row gives zeros; outside the task group
+            return out  # an NPU float32 query decodes with device lengths: nothing to re-issue
+        self._tasks.setdefault(size, {})[id(owner)] = task
         return out
 
     def update(self, size: int, seq_lens_host: Sequence[int], update_stream: Any = None) -> int:
@@ -153,16 +141,15 @@ class RoutedDecodes:
         lens = [int(n) for n in seq_lens_host]
         tasks = self.tasks(size)
         for task in tasks:
-            batch = int(task.out.shape[0])
-            if len(lens) < batch:
+            if len(lens) < len(task.lens):
                 raise ValueError(
                     f"routed decode at capture size {size}: {len(lens)} KV lengths for a captured batch of "
-                    f"{batch} requests"
+                    f"{len(task.lens)} requests"
                 )
         for task in tasks:
-            fresh = lens[: int(task.out.shape[0])]
+            fresh = lens[: len(task.lens)]
             if task.npu is not None:
-                npu_update_task(task.npu, task.fn, task.tensor_args, {"seq_lens_host": fresh}, update_stream)
+                npu_update_task(task.npu, task.fn, task.tensor_args, {"seq_lens_kv": fresh}, update_stream)
             task.lens = fresh
             task.updates += 1
         return len(tasks)

@@ -31,7 +31,10 @@
 6. Routes. The spec's task options choose them (``resolve.route_modes``): decode ``paged`` (default: the
    paged kernel over the host KV lengths, one captured task per layer and size, ``routed_decode.py``) or
    ``dense`` (the whole allocation gathered, device lengths); verify ``blockwise`` (default: chunked online
-   softmax, workspace bounded by ``chunk_blocks``) or ``dense``.
+   softmax, workspace bounded by ``chunk_blocks``) or ``dense``. A ``Route`` without a group (not planned
+   by :func:`plan_route`, so no task registry) decodes with device lengths, the dense route: nothing could
+   re-issue the host KV lengths a capture bakes, and a graph that replays the lengths of its capture
+   batch would be silently wrong at every later step. Its verify is blockwise.
 7. Replay updates. ``update_graph_params`` is called without routed groups' metadata (a ``Route`` with a
    ``q_len``): vllm-ascend pairs its captured task parameters with the layers it is given, and graphbuf's
    tasks are not among them. Then :func:`update_routed` re-issues the paged decode tasks of every routed
@@ -239,7 +242,7 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
     if int(block_table.shape[0]) != batch:
         block_table, seq_lens = block_table[:batch], seq_lens[:batch]
     modes = route.group.modes if route.group is not None else None
-    if route.q_len == 1 and (modes is None or modes.decode == "paged"):
+    if route.q_len == 1 and modes is not None and modes.decode == "paged":
         return _paged_decode(impl, route, query, key_cache, value_cache, block_table, seq_lens, output)
     if route.q_len == 1:
         result = large_head.decode_attention(query, key_cache, value_cache, block_table, seq_lens, impl.scale)
@@ -257,15 +260,10 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
 
 def _paged_decode(impl: Any, route: Route, query: Any, key_cache: Any, value_cache: Any, block_table: Any,
                   seq_lens: Any, output: Any) -> Any:  # fmt: skip
-    """Decode through the group's paged tasks (rule 6), written straight into ``output``'s rows when they are
-    contiguous (a captured task writes a fixed address), else into a buffer copied out."""
+    """Decode through the group's paged tasks (rule 6; ``route.group`` is set), written into ``output``'s
+    rows when they are contiguous (a captured copy writes a fixed address), else into a buffer copied out."""
     batch = int(query.shape[0])
     lens = list(route.seq_lens_host[:batch]) + [0] * max(0, batch - len(route.seq_lens_host))
-    large_head = importlib.import_module(f"{__package__}.large_head")
-    if route.group is None:  # a Route not planned by plan_route: no task registry, one eager call
-        result = large_head.decode_attention(query, key_cache, value_cache, block_table, seq_lens, impl.scale,
-                                             seq_lens_host=lens)  # fmt: skip
-        return _store(output, result, batch)
     target = None if output is None else (output if int(output.shape[0]) == batch else output[:batch])
     direct = target is not None and tuple(target.shape) == tuple(query.shape) and target.is_contiguous()
     out = target if direct else query.new_empty(query.shape)
