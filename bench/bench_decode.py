@@ -14,9 +14,7 @@ the two routes' outputs.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SPEC, render_table, write_json
+from common import SPEC, render_table, timed_ms, write_json
 
 from graphbuf.adapters.vllm_ascend.large_head import decode_attention
 from graphbuf.planner import plan
@@ -45,15 +43,6 @@ class _Gathered(TorchDispatchMode):
         if func is torch.ops.aten.index_select.default:
             self.bytes += out.numel() * out.element_size()
         return out
-
-
-def _timed(call: Any, runs: int) -> tuple[float, torch.Tensor]:
-    samples, out = [], None
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        out = call()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e3, out  # type: ignore[return-value]
 
 
 def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
@@ -93,8 +82,8 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
                     paged()
                 with _Gathered() as dense_bytes:
                     dense()
-                paged_ms, paged_out = _timed(paged, runs)
-                dense_ms, dense_out = _timed(dense, runs)
+                paged_ms, paged_out = timed_ms(paged, runs)
+                dense_ms, dense_out = timed_ms(dense, runs)
                 routes = {(r.route, r.mode): r for _, r in p.route_costs(size, context)}
                 rows.append(
                     {

@@ -14,9 +14,7 @@ dense/blockwise is reported, with the largest chunk that reaches the 8x target w
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SPEC, render_table, write_json
+from common import SPEC, render_table, timed_ms, write_json
 
 from graphbuf.adapters.vllm_ascend.large_head import (
     DEFAULT_CHUNK_BLOCKS,
@@ -48,15 +46,6 @@ def chunk_for_ratio(geom: dict[str, int], dtype: torch.dtype, target: float) -> 
         if ws["dense"] / ws["blockwise"] >= target:
             return chunk
     return None
-
-
-def _timed(call: Any, runs: int) -> tuple[float, torch.Tensor]:
-    samples, out = [], None
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        out = call()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e3, out  # type: ignore[return-value]
 
 
 def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
@@ -92,8 +81,8 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
                     verify_attention(*args)
                     verify_attention_blockwise(*args)
                     warmed = True
-                dense_ms, dense_out = _timed(lambda a=args: verify_attention(*a), runs)
-                block_ms, block_out = _timed(lambda a=args: verify_attention_blockwise(*a), runs)
+                dense_ms, dense_out = timed_ms(lambda a=args: verify_attention(*a), runs)
+                block_ms, block_out = timed_ms(lambda a=args: verify_attention_blockwise(*a), runs)
                 geom = {
                     "batch": batch,
                     "q_len": q_len,
@@ -129,7 +118,7 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
                     }
                     if chunk is not None and not entry["meets_target_at_default_chunk"]:
                         ws_c = verify_workspace_bytes(**geom, dtype=dtype, chunk_blocks=chunk)
-                        ms_c, out_c = _timed(
+                        ms_c, out_c = timed_ms(
                             lambda a=args, k=chunk: verify_attention_blockwise(*a, chunk_blocks=k), runs
                         )
                         entry.update(

@@ -76,6 +76,16 @@ def median_us(call: Callable[[], object], *, iters: int, warmup: int = 10, inner
     return statistics.median(samples) / 1e3
 
 
+def timed_ms(call: Callable[[], Any], runs: int) -> tuple[float, Any]:
+    """Median wall milliseconds of ``runs`` single calls of a slow ``call``, and its last result."""
+    samples, out = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = call()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e3, out
+
+
 def compare(
     calls: Mapping[str, Callable[[], object]],
     *,
