@@ -260,7 +260,7 @@ def _cmd_drill(args: argparse.Namespace) -> int:
             "graphbuf drill draws its batches with Hypothesis, an optional dependency; install the test "
             "extra: pip install 'graphbuf[test]'"
         ) from None
-    return run_drill_cli(args)
+    return run_drill_cli(args, _overrides(args.set))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -637,13 +637,12 @@ def _key(batch: DrillBatch) -> tuple[Any, ...]:
     return (batch.live, batch.task_seed, *((n, a.shape, a.tobytes()) for n, a in arrays))
 
 
-def run_drill_cli(args: argparse.Namespace) -> int:
-    """The ``graphbuf drill`` command (see :mod:`graphbuf.cli`)."""
-    from graphbuf.cli import _overrides
-
+def run_drill_cli(args: argparse.Namespace, overrides: Mapping[str, int]) -> int:
+    """The ``graphbuf drill`` command (see :mod:`graphbuf.cli`); ``overrides`` are its parsed ``--set``."""
     if args.replays < 0:
         raise SpecError(f"--replays {args.replays}: must be ≥ 0")
-    overrides = _overrides(args.set)
+    if args.save is not None and not Path(args.save).resolve().parent.is_dir():
+        raise SpecError(f"--save {args.save}: no such directory to write the failing batch into")
     if args.padding_contract:
         from graphbuf.padding_contract import run_padding_contract
 

@@ -103,6 +103,18 @@ def test_replay_of_a_file_that_is_not_a_batch_is_a_usage_error(
     assert "malformed saved drill batch" in capsys.readouterr().err
 
 
+def test_save_into_a_missing_directory_is_refused_before_any_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failing drill would otherwise run to the end and then lose its shrunk batch to an OSError."""
+    spec, target = planted(tmp_path, "reads_one_past"), tmp_path / "missing" / "failure.json"
+    argv = ["drill", str(spec), "--replays", "40", "--allow-factory", "planted_tasks", "--save", str(target)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--save {target}: no such directory" in err
+    assert "replays" not in err and not target.parent.exists()
+
+
 def test_padding_contract_tells_a_required_pad_from_a_free_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
