@@ -62,6 +62,10 @@ __all__ = [
 
 
 class DrillTask(Protocol):
+    """A task the drill binds once and replays. ``randomize`` draws new inputs in place; they must depend
+    only on the bind and on the generator it is given (not on earlier batches), so that ``--replay FILE``
+    reproduces a saved failure exactly."""
+
     name: str
 
     def bind(self, buffers: StaticBuffers, generator: torch.Generator) -> None: ...

@@ -254,3 +254,20 @@ def test_widening_the_envelope_is_an_edit_of_capture_sizes(
     assert main(["check", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: capture.sizes: size 68 implies 17 requests, above max_num_seqs (16)" in err
+
+
+def test_randomize_depends_only_on_the_bind_and_its_generator() -> None:
+    """A saved drill batch replays with the KV it failed with: the inputs after ``randomize(live, g)`` are
+    the same whatever batches came before (each call restores the blocks the previous one changed)."""
+    bufs = gemma_buffers()
+    task = tasks_for(bufs, layers=2, mode="decode")
+
+    def state(seed: int) -> list[torch.Tensor]:
+        task.randomize(3, torch.Generator().manual_seed(seed))
+        return [t.clone() for t in (task.query, *task.key_caches, *task.value_caches)]
+
+    first = state(11)
+    for seed in (12, 13, 14):
+        assert any(not torch.equal(a, b) for a, b in zip(first, state(seed)))
+    again = state(11)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
