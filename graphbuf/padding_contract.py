@@ -20,7 +20,6 @@ import torch
 from hypothesis import strategies as st
 
 from graphbuf.drill import DrillSession
-from graphbuf.expr import parse_expr
 from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.runner import Step
 from graphbuf.planner import BufferPlan
@@ -140,17 +139,10 @@ class _Replayer:
         if self.graph is None:
             outs = s.step(Step(self.size, self.views, None, host_args, live))
         else:
-            for task in self.graph.tasks:
-                fresh = host_args.get(str(task.kind))
-                merged = {**task.host_args, **(fresh or {})}
-                if merged != dict(task.host_args):
-                    task.update(**merged)
+            self.graph.reissue(host_args)
             self.graph.replay()
             outs = self.outputs
-        p = s.plan
-        env = {**p.constants, "requests": live, "tokens": live * p.tokens_per_request}
-        rules = [getattr(t, "output_rows", "tokens") for t in s.tasks]
-        return tuple(o[: parse_expr(r).eval(env)].clone() for o, r in zip(outs, rules))
+        return tuple(o.clone() for o in s.runner.live_rows(outs, live))
 
 
 def _change(base: tuple[torch.Tensor, ...], got: tuple[torch.Tensor, ...]) -> float:

@@ -128,6 +128,22 @@ def test_update_tasks_by_kind_only_touches_that_kind() -> None:
     assert g.update_tasks(TaskKind.MLA_ATTENTION, seq_lens=[1, 1, 1]) == 0
 
 
+def test_reissue_updates_only_tasks_whose_host_args_changed() -> None:
+    x = torch.arange(12.0).reshape(3, 4)
+    full_out, sliding_out = torch.zeros(3), torch.zeros(3)
+    g = Graph("cpu")
+    with g.capture():
+        full = g.task("attention", masked_row_sum, x, full_out, seq_lens=[1, 1, 1])
+        sliding = g.task("sliding_attention", masked_row_sum, x, sliding_out, seq_lens=[1, 1, 1])
+    assert g.reissue({"attention": {"seq_lens": [1, 1, 1]}, "mla_attention": {"seq_lens": [2, 2, 2]}}) == 0
+    assert full.updates == 0 and sliding.updates == 0  # nothing new: no task update issued
+    assert g.reissue({"attention": {"seq_lens": [2, 3, 4]}, "sliding_attention": {}}) == 1
+    g.replay()
+    assert torch.equal(full_out, _expected(x, [2, 3, 4]))
+    assert torch.equal(sliding_out, _expected(x, [1, 1, 1]))
+    assert full.updates == 1 and sliding.updates == 0
+
+
 def test_failed_update_keeps_the_previous_task() -> None:
     x, out, _ = _setup()
 

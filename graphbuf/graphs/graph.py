@@ -269,6 +269,22 @@ class Graph:
         """The tasks captured by :meth:`task` in the current capture, in capture order."""
         return tuple(self._tasks)
 
+    def reissue(self, host_args: Mapping[str, Mapping[str, Any]]) -> int:
+        """The per-step form of :meth:`update_tasks`: update every captured task whose kind has entries in
+        ``host_args`` (``kind -> {name: value}``, possibly a subset of its names) that differ from the values
+        it holds, merged over them; tasks of other kinds, or with nothing new, are not re-issued. Returns the
+        number of tasks re-issued."""
+        count = 0
+        for task in self._tasks:
+            fresh = host_args.get(str(task.kind))
+            if not fresh:
+                continue
+            merged = {**task.host_args, **fresh}
+            if merged != dict(task.host_args):
+                task.update(**merged)
+                count += 1
+        return count
+
     @contextmanager
     def capture(self, *, pool: object = None, stream: object = None) -> Iterator[Graph]:
         """Record the body. ``pool``: a handle from another graph's :meth:`pool` to share its memory pool;

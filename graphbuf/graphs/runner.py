@@ -400,31 +400,26 @@ class GraphRunner:
         else:
             self.buffers.refresh(size, sources, num_reqs=live)  # type: ignore[arg-type]
         self.stats.refresh_s.add(time.perf_counter() - t0)
-        for task in captured.graph.tasks:
-            fresh = host_args.get(str(task.kind))
-            if fresh is None:
-                continue
-            merged = {**task.host_args, **fresh}
-            if merged != dict(task.host_args):
-                task.update(**merged)
-                self.stats.task_updates += 1
+        self.stats.task_updates += captured.graph.reissue(host_args)
         captured.graph.replay(checked=checked)  # refresh and task updates move nothing: no second pass
         self.stats.replays += 1
         self.stats.replays_by_size[size] += 1
-        out = self._live_rows(captured.output, live)
+        out = self.live_rows(captured.output, live)
         if self.verify and not captured.verified:
             captured.verified = True
             # An eager run may write the same preallocated outputs (NPU-style out= tasks): compare a copy.
             out = _clone(out)
             step = Step(size, self.buffers.view(size), None, host_args, live)
-            expected = self._live_rows(self.fn(step), live)
+            expected = self.live_rows(self.fn(step), live)
             problem = _mismatch(out, expected, self.rtol, self.atol)
             if problem is not None:
                 self.stats.refused[size] = f"first replay differs from eager: {problem}"
                 return expected
         return out
 
-    def _live_rows(self, output: Output, live: int) -> Output:
+    def live_rows(self, output: Output, live: int) -> Output:
+        """The first rows of each of the step function's outputs that ``live`` requests fill, by the
+        ``output_rows`` rules (views, no copy)."""
         rows = self._rows_memo.get(live)
         if rows is None:  # evaluated once per captured live count; eager counts (any size) each time
             env = {**self.buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
@@ -451,7 +446,7 @@ class GraphRunner:
         views = self.buffers.eager_inputs(live * self._tpr, sources, num_reqs=live, widths=widths)
         self.stats.eager += 1
         self.stats.eager_reasons[reason] += 1
-        return self._live_rows(self.fn(Step(live * self._tpr, views, None, host_args, live)), live)
+        return self.live_rows(self.fn(Step(live * self._tpr, views, None, host_args, live)), live)
 
 
 def _parse_rows(output_rows: str | Sequence[str], constants: Mapping[str, Any]) -> tuple[Expr, ...]:
