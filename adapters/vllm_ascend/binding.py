@@ -60,7 +60,7 @@ def _decode_kernel(
     seq_lens_kv: list[int],
 ) -> None:
     if query.device.type == "cuda":  # no task re-issue on cuda: read the device lengths
-        out.copy_(decode_attention(query, key_cache, value_cache, block_table, seq_lens, scale))
+        _dense_decode_kernel(query, key_cache, value_cache, block_table, seq_lens, out, scale=scale)
         return
     # Software paged decode with the NPU kernel's contract: KV lengths come from the host list baked at
     # capture, and only the blocks they need are read.

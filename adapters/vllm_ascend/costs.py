@@ -43,7 +43,7 @@ def verify_workspace_bytes(
 ) -> dict[str, int]:
     """Peak intermediate bytes of the gather paths, keyed ``"dense"`` and ``"blockwise"`` (see
     ``large_head.verify_workspace_bytes``, which validates the arguments and calls this)."""
-    table = batch * width * (8 + 4)  # int64 working copy + int32 sanitized ids
+    table = paged_decode_workspace_bytes(batch, width)  # every route sanitizes the table first
     query_side = batch * num_heads * q_len * head_dim
     keys = width * block_size
     dense = (
@@ -71,7 +71,8 @@ def verify_workspace_bytes(
 
 
 def paged_decode_workspace_bytes(batch: int, width: int) -> int:
-    """Bytes the paged decode route materializes besides the kernel: the sanitized block table."""
+    """Bytes the paged decode route materializes besides the kernel: the sanitized block table (an int64
+    working copy and the int32 ids), which the gather routes make too."""
     return batch * width * (8 + 4)
 
 
