@@ -31,7 +31,7 @@ from graphbuf.refresh.validate import (
     check_source,
     check_typed,
     check_widths,
-    values_fit,
+    live_fits,
 )
 
 if TYPE_CHECKING:
@@ -193,13 +193,11 @@ class BoundSources:
                 w = w_of.get(name, width) if w_of else width
                 if not 0 <= w <= max_cols:
                     return None
-                live = arr[:rows, :w]
             else:
                 w = 0
-                live = arr[:rows]
-            if slot.bounded and rows and (w or not wide) and not values_fit(slot, live):
+            if slot.bounded and rows and (w or not wide) and not live_fits(slot, arr, rows, w):
                 return None
-            append((slot, live, None, rows, w))
+            append((slot, arr, None, rows, w))  # the whole source: its live region is [:rows, :w]
         return prepared
 
     def _prepare_checked(

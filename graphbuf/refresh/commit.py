@@ -6,10 +6,11 @@ columns touches the rectangle ``[:max(n, end, rows), :max(w, cols)]`` of that bu
 last padded row a ``repeat_last`` buffer fills at this capture size), so a refresh costs O(live rows × live
 width + the cells earlier refreshes dirtied), never O(capacity).
 
-On the cpu the rectangles are written into the slab in place. Staged (every accelerator; a cpu slab on
-request) they are written into one of ``depth`` host staging copies, then uploaded rectangle by rectangle
-with non-blocking copies on the device's current stream, then device-resident sources are copied on the
-device. An event recorded after the uploads fences each staging copy: it is reused only after its last
+The write runs in the native kernel when it is built (:mod:`graphbuf.refresh.native`; same cells, same
+values), else through numpy. On the cpu the rectangles are written into the slab in place. Staged (every
+accelerator; a cpu slab on request) they are written into one of ``depth`` host staging copies, then
+uploaded rectangle by rectangle with non-blocking copies on the device's current stream, then
+device-resident sources are copied on the device. An event recorded after the uploads fences each staging copy: it is reused only after its last
 upload finished, so ``depth`` must be at least the number of refreshes in flight.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphbuf.refresh import native
 from graphbuf.refresh.layout import Layout, Slot
 from graphbuf.refresh.validate import Prepared
 
@@ -44,13 +46,14 @@ class RefreshStats:
 def write_live(
     t: np.ndarray, src: np.ndarray | None, slot: Slot, n: int, w: int, end: int, rows: int, cols: int
 ) -> tuple[int, int]:
-    """THE live-row write: ``src`` into ``t[:n, :w]``; every other cell of ``t[:R, :C]`` (``R = max(n, end,
-    rows)``, ``C = max(w, cols)``) to the pad, or rows ``n..end`` to the last live row under
+    """THE live-row write: ``src[:n, :w]`` into ``t[:n, :w]``; every other cell of ``t[:R, :C]`` (``R =
+    max(n, end, rows)``, ``C = max(w, cols)``) to the pad, or rows ``n..end`` to the last live row under
     ``repeat_last``. ``rows``/``cols`` is ``t``'s high-water mark; return the new one. ``src`` None: the live
-    cells are written elsewhere (a device source); the rest still is."""
+    cells are written elsewhere (a device source); the rest still is. (The native kernel's ``write`` is
+    this function in C; ``tests/test_native.py`` holds the two to the same bytes.)"""
     if t.ndim == 1:
         if src is not None:
-            t[:n] = src
+            t[:n] = src[:n]
         top = n
         if slot.repeat_last and n and end > n:
             t[n:end] = t[n - 1]
@@ -60,7 +63,7 @@ def write_live(
         return top, 0
     c = w if w > cols else cols
     if src is not None:
-        t[:n, :w] = src
+        t[:n, :w] = src[:n, :w]
     if c > w and n:
         t[:n, w:c] = slot.pad
     top = n
@@ -108,6 +111,13 @@ class Committer:
                 for img in images
             ]  # fmt: skip
             self._targets = [[_np_view(t, s) for t, s in zip(views, layout.order)] for views in self._stage_t]
+        # What the native write takes besides the targets: pad bytes by slot index, and per capture size
+        # the last row a repeat_last buffer fills (0 for the others).
+        self._pads = tuple(s.pad.tobytes() for s in layout.order)
+        self._ends = {
+            size: tuple(s.capacity[size][0] if s.repeat_last else 0 for s in layout.order)
+            for size in layout.plan.capture_sizes
+        }
         self._events: list[Any] = [None] * len(self._targets)
         self._turn = 0
         self._refreshes = 0
@@ -135,28 +145,45 @@ class Committer:
         if self._events[k] is not None:
             self._events[k].synchronize()  # the upload that last read this staging copy has finished
         targets = self._targets[k]
-        rows_of, cols_of = self._rows, self._cols
-        staged = self.staged
-        moved = 0
-        touched = []
-        for p in prepared:
-            slot, host, _, n, w = p
-            i = slot.index
-            rows, cols = rows_of[i], cols_of[i]
-            end = slot.capacity[size][0] if slot.repeat_last else 0
-            rows_of[i], cols_of[i] = write_live(targets[i], host, slot, n, w, end, rows, cols)
-            r = n if n > rows else rows
-            if end > r:
-                r = end
-            c = (w if w > cols else cols) if slot.ndim == 2 else 1
-            moved += r * c * slot.itemsize
-            if staged:
-                touched.append((p, end, r, c))
-        if staged:
+        touched = self._rectangles(prepared, size) if self.staged else None
+        kernel = native.KERNEL
+        moved = None
+        if kernel is not None:
+            moved = kernel.write(targets, prepared, self._ends[size], self._pads, self._rows, self._cols)
+        if moved is None:
+            moved = self._write_numpy(targets, prepared, size)
+        if touched is not None:
             self._upload(k, touched)
         self._refreshes += 1
         self._last = moved
         self._total += moved
+
+    def _rectangles(self, prepared: Sequence[Prepared], size: int) -> list[tuple[Prepared, int, int, int]]:
+        """Per source, before its write: (prepared, end, rows, cols) of the rectangle it will touch."""
+        out = []
+        for p in prepared:
+            slot, n, w = p[0], p[3], p[4]
+            i = slot.index
+            end = self._ends[size][i]
+            r = max(n, end, self._rows[i])
+            c = max(w, self._cols[i]) if slot.ndim == 2 else 1
+            out.append((p, end, r, c))
+        return out
+
+    def _write_numpy(self, targets: list[np.ndarray], prepared: Sequence[Prepared], size: int) -> int:
+        """The write through numpy: every source with :func:`write_live`; return the bytes touched."""
+        rows_of, cols_of = self._rows, self._cols
+        ends = self._ends[size]
+        moved = 0
+        for slot, host, _, n, w in prepared:
+            i = slot.index
+            rows, cols = rows_of[i], cols_of[i]
+            end = ends[i]
+            rows_of[i], cols_of[i] = write_live(targets[i], host, slot, n, w, end, rows, cols)
+            r = max(n, end, rows)
+            c = (w if w > cols else cols) if slot.ndim == 2 else 1
+            moved += r * c * slot.itemsize
+        return moved
 
     def _upload(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> None:
         staged = self._stage_t[k]

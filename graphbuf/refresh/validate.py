@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from graphbuf.errors import RefreshError, RowsError, WidthError
+from graphbuf.refresh import native
 from graphbuf.refresh.layout import NP_OF_TORCH, Layout, Slot, dtype_name
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "check_values",
     "check_widths",
     "count_of",
+    "live_fits",
     "live_requests",
     "values_fit",
 ]
@@ -34,8 +36,9 @@ __all__ = [
 #: What a refresh takes per buffer: a torch tensor, a numpy array or a (nested) list of numbers.
 Source = torch.Tensor | np.ndarray | Sequence[Any]
 
-# (slot, host array or None, device tensor or None, live rows, live width). A plain tuple: one is built per
-# source per refresh, where a dataclass's __init__ alone would cost ~0.25 µs.
+# (slot, host array or None, device tensor or None, live rows, live width); the live values are
+# host[:rows, :width] (1-D: host[:rows]): a bound source is passed whole, not sliced. A plain tuple: one is
+# built per source per refresh, where a dataclass's __init__ alone would cost ~0.25 µs.
 Prepared = tuple[Slot, np.ndarray | None, torch.Tensor | None, int, int]
 
 _BF16_SAFE_FROM = frozenset((torch.bool, torch.uint8, torch.int8, torch.bfloat16))
@@ -147,7 +150,7 @@ def check_source(
         if (
             host.size
             and (slot.lo is not None or slot.hi is not None or host.dtype.kind == "f")
-            and not values_fit(slot, host)
+            and not live_fits(slot, host, rows, width)
         ):
             check_values(layout, slot, host, name, label)
         if slot.bf16:
@@ -314,6 +317,19 @@ def values_fit(slot: Slot, arr: np.ndarray) -> bool:
     if lo is not None and _MIN(arr, None) < lo:
         return False
     return hi is None or bool(_MAX(arr, None) <= hi)
+
+
+def live_fits(slot: Slot, arr: np.ndarray, rows: int, width: int) -> bool:
+    """:func:`values_fit` of the live region ``arr[:rows, :width]`` (1-D: ``arr[:rows]``) of a non-empty
+    region: in one native pass when the kernel is built and checks the dtype, else through numpy."""
+    kernel = native.KERNEL
+    if kernel is not None:
+        fits = kernel.fit(arr, rows, width, slot.lo, slot.hi)
+        if fits is not None:
+            return fits
+    if arr.shape[0] != rows or (arr.ndim == 2 and arr.shape[1] != width):
+        arr = arr[:rows, :width] if arr.ndim == 2 else arr[:rows]
+    return values_fit(slot, arr)
 
 
 def check_values(layout: Layout, slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
