@@ -10,8 +10,9 @@ The write runs in the native kernel when it is built (:mod:`graphbuf.refresh.nat
 values), else through numpy. On the cpu the rectangles are written into the slab in place. Staged (every
 accelerator; a cpu slab on request) they are written into one of ``depth`` host staging copies, then
 uploaded rectangle by rectangle with non-blocking copies on the device's current stream, then
-device-resident sources are copied on the device. An event recorded after the uploads fences each staging copy: it is reused only after its last
-upload finished, so ``depth`` must be at least the number of refreshes in flight.
+device-resident sources are copied on the device. An event recorded after the uploads fences each staging
+copy: it is reused only after its last upload finished, so ``depth`` must be at least the number of
+refreshes in flight.
 """
 
 from __future__ import annotations
