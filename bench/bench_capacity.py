@@ -11,6 +11,8 @@ asserted. The spec is vLLM-shaped: two block-table groups (``full``, ``sliding``
   within 2× of one plain numpy copy of the same bytes.
 * vLLM-style contender (copy the first n rows at full width from the persistent host buffers, fill the
   padded rows; no validation): graphbuf no slower at any point.
+* the same contender checking bounds as graphbuf must (one numpy reduction per bounded source before its
+  copies: what validation costs when written by hand), to separate the price of checking from overhead.
 """
 
 from __future__ import annotations
@@ -97,13 +99,30 @@ class Persistent:
 
 class VllmStyle:
     """The contender: its own device buffers (here host arrays), refreshed as vLLM's GPU model runner
-    does: the first n rows at full width (``copy_to_gpu(n)``), then the padded rows of the capture size."""
+    does: the first n rows at full width (``copy_to_gpu(n)``), then the padded rows of the capture size.
+    ``checked``: first check every live value against the spec's bounds, as graphbuf must (block tables
+    0 .. num_blocks - 1 viewed unsigned, seq_lens 0 .. max_model_len, query_start_loc 0 .. tokens,
+    slot_mapping >= -1), raising before any copy."""
 
-    def __init__(self, sb: StaticBuffers, src: dict[str, np.ndarray]) -> None:
+    def __init__(self, sb: StaticBuffers, src: dict[str, np.ndarray], *, checked: bool = False) -> None:
         self.dst = {name: np.zeros(tuple(t.shape), dtype=t.numpy().dtype) for name, t in sb.full.items()}
         self.src = src
+        self.checked = checked
+        c = sb.plan.constants
+        self.limits = (int(c["num_blocks"]) - 1, int(c["max_model_len"]), int(c["max_num_batched_tokens"]))
+
+    def check(self, n: int) -> None:
+        s, (blocks, lens, tokens) = self.src, self.limits
+        bad = any(np.maximum.reduce(s[f"block_table.{g}"][:n].view(np.uint32), None) > blocks for g in GROUPS)
+        bad |= np.maximum.reduce(s["seq_lens"][:n].view(np.uint32), None) > lens
+        bad |= np.maximum.reduce(s["query_start_loc"][: n + 1].view(np.uint32), None) > tokens
+        bad |= np.minimum.reduce(s["slot_mapping"][:n], None) < -1
+        if bad:
+            raise ValueError("out of bounds")
 
     def __call__(self, size: int, n: int) -> None:
+        if self.checked:
+            self.check(n)
         d, s = self.dst, self.src
         for g in GROUPS:
             name = f"block_table.{g}"
@@ -133,6 +152,7 @@ def _measure(
     bound = sb.bind(per.arrays)
     widths = {f"block_table.{g}": blocks for g in GROUPS}
     contender = VllmStyle(sb, per.arrays)
+    checked = VllmStyle(sb, per.arrays, checked=True)
     nbytes = sum(a.nbytes for a in live.values())
     flat_src, flat_dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
     t = compare(
@@ -140,6 +160,7 @@ def _measure(
             "mapping": lambda: sb.refresh(size, live),
             "bound": lambda: sb.refresh(size, bound, num_reqs=n, widths=widths),
             "vllm": lambda: contender(size, n),
+            "checked": lambda: checked(size, n),
             "copy": lambda: np.copyto(flat_dst, flat_src),
         },
         iters=iters,
@@ -153,6 +174,7 @@ def _measure(
         "mapping_us": round(t["mapping"], 2),
         "bound_us": round(t["bound"], 2),
         "vllm_style_us": round(t["vllm"], 2),
+        "vllm_checked_us": round(t["checked"], 2),
         "numpy_copy_us": round(t["copy"], 2),
         "live_bytes": nbytes,
         "last_bytes": sb.stats.last_bytes,
@@ -206,6 +228,9 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
             max(r["bound_us"] / r["vllm_style_us"] for r in capacity + live_sweep), 3
         ),
         "target_over_vllm_style": 1.0,
+        "max_bound_over_vllm_checked": round(
+            max(r["bound_us"] / r["vllm_checked_us"] for r in capacity + live_sweep), 3
+        ),
         "concurrency_guard_ns": round(guard_us * 1e3, 1),
         "concurrency_guard_share_of_smallest_mapping_refresh": round(guard_us / first["mapping_us"], 4),
     }
@@ -215,20 +240,21 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
 def render(res: dict[str, Any]) -> str:
     cap = render_table(
         "refresh vs capacity: 4 live requests x 16 blocks at capture size 8, cpu (median µs)",
-        ["envelope", "MiB", "mapping µs", "bound µs", "vLLM-style µs", "last_bytes", "live bytes"],
+        ["envelope", "MiB", "mapping µs", "bound µs", "vLLM-style µs", "+check µs", "last_bytes",
+         "live bytes"],
         [
             [r["envelope"], r["capacity_mib"], r["mapping_us"], r["bound_us"], r["vllm_style_us"],
-             r["last_bytes"], r["live_bytes"]]
+             r["vllm_checked_us"], r["last_bytes"], r["live_bytes"]]
             for r in res["capacity"]
         ],
     )  # fmt: skip
     live = render_table(
         "refresh vs live requests at 16 MiB (128K x 256), full width, capture size = live (median µs)",
-        ["live", "width", "mapping µs", "bound µs", "vLLM-style µs", "numpy copy µs", "last_bytes",
-         "live bytes"],
+        ["live", "width", "mapping µs", "bound µs", "vLLM-style µs", "+check µs", "numpy copy µs",
+         "last_bytes", "live bytes"],
         [
             [r["live_requests"], r["width"], r["mapping_us"], r["bound_us"], r["vllm_style_us"],
-             r["numpy_copy_us"], r["last_bytes"], r["live_bytes"]]
+             r["vllm_checked_us"], r["numpy_copy_us"], r["last_bytes"], r["live_bytes"]]
             for r in res["live"]
         ],
     )  # fmt: skip
@@ -238,7 +264,8 @@ def render(res: dict[str, Any]) -> str:
         f"{s['bound_largest_over_smallest']} bound (target <= 1.5); at 256 x full width over one numpy copy "
         f"{s['mapping_at_256_full_over_numpy_copy']} mapping, {s['bound_at_256_full_over_numpy_copy']} bound "
         f"(target <= 2); max over vLLM-style {s['max_mapping_over_vllm_style']} mapping, "
-        f"{s['max_bound_over_vllm_style']} bound (target <= 1); concurrency guard "
+        f"{s['max_bound_over_vllm_style']} bound (target <= 1); max bound over vLLM-style with the same "
+        f"bounds check {s['max_bound_over_vllm_checked']}; concurrency guard "
         f"{s['concurrency_guard_ns']} ns per refresh "
         f"({s['concurrency_guard_share_of_smallest_mapping_refresh']:.2%} of the smallest mapping refresh)"
     )
@@ -257,6 +284,7 @@ def plot(res: dict[str, Any], path: Path) -> Path:
         ("mapping_us", "tab:blue", "graphbuf (mapping)"),
         ("bound_us", "tab:green", "graphbuf (bound)"),
         ("vllm_style_us", "tab:red", "vLLM-style (n rows full width + pad rows)"),
+        ("vllm_checked_us", "tab:orange", "vLLM-style + the same bounds check (numpy)"),
     )
     xs = [r["capacity_mib"] for r in res["capacity"]]
     for key, color, label in lines:
