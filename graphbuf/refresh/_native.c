@@ -373,6 +373,15 @@ static void copy_live(const Arr *t, const Arr *src, int cast, Py_ssize_t n, Py_s
     for (Py_ssize_t r = 0; r < n; r++) memcpy(row_at(t, r), row_at(src, r), row);
 }
 
+/* Do rows [0, n) × columns [0, w) of src share a byte with the whole of target t? */
+static int overlaps(const Arr *src, Py_ssize_t n, Py_ssize_t w, const Arr *t) {
+    if (n == 0 || w == 0) return 0;
+    const char *s0 = row_at(src, 0), *s1 = row_at(src, n - 1);
+    const char *lo = s0 < s1 ? s0 : s1, *hi = (s0 < s1 ? s1 : s0) + w * src->isz;
+    const char *t0 = row_at(t, 0), *t1 = t0 + t->nrows * t->rstride;
+    return lo < t1 && t0 < hi;
+}
+
 typedef struct {
     Arr t, src;
     int has_src, cast, zero;
@@ -471,7 +480,8 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
                 goto done;
             }
             j->cast = cast_of(&j->src, &j->t);
-            if (j->cast == 0) { /* the numpy path does this cast */
+            if (j->cast == 0 || (j->t.ndim == 2 ? overlaps(&j->src, j->n, j->w, &j->t) : overlaps(&j->src, 1, j->n, &j->t))) {
+                /* the numpy path does this cast, or copies through a temporary (a source inside a buffer) */
                 result = Py_None;
                 Py_INCREF(result);
                 goto done;
