@@ -172,8 +172,11 @@ static int bound_of(PyObject *o, int64_t *v) {
 static int region_fits(const Arr *a, Py_ssize_t rows, Py_ssize_t cols, int lk, int64_t lo, int hk, int64_t hi) {
     if (rows == 0 || cols == 0) return 1;
     int integral = a->kind == K_SIGNED || a->kind == K_UNSIGNED;
-    if (integral && hk == 1 && hi >= 0 && (a->kind == K_UNSIGNED ? lk != 2 && (lk != 1 || lo <= 0) : lk == 1 && lo == 0)) {
-        /* One reduction: only a maximum matters, and viewed unsigned a negative value lies above any hi. */
+    /* One reduction when only a maximum matters: unsigned with no positive lo, or signed with lo 0 and hi
+     * within the type (viewed unsigned, a negative value then lies above hi). */
+    int64_t smax = a->isz >= 8 ? INT64_MAX : ((int64_t)1 << (a->isz * 8 - 1)) - 1;
+    int one = a->kind == K_UNSIGNED ? lk != 2 && (lk != 1 || lo <= 0) : lk == 1 && lo == 0 && hi <= smax;
+    if (integral && hk == 1 && hi >= 0 && one) {
         uint64_t mx;
         switch (a->isz) {
         case 1: mx = max_uint8_t(a, rows, cols); break;
@@ -335,13 +338,10 @@ static void convert_row(char *d, const Arr *dst, const char *s, const Arr *src, 
 /* Can this kernel write src into dst? 1: bytes as they are, 2: integer widening, 0: no. */
 static int cast_of(const Arr *src, const Arr *dst) {
     if (src->kind == K_NONE || dst->kind == K_NONE) return 0;
-    if (src->isz == dst->isz) {
-        if (src->kind == dst->kind) return 1;
-        /* bool bytes are 0/1: the same bits as uint8/int8 */
-        if (src->kind == K_BOOL && (dst->kind == K_SIGNED || dst->kind == K_UNSIGNED)) return 1;
-        return 0;
-    }
-    if (src->isz > dst->isz || dst->kind == K_FLOAT || dst->kind == K_BOOL || src->kind == K_FLOAT) return 0;
+    if (src->isz == dst->isz) return src->kind == dst->kind; /* bool into bool copies bytes, as numpy does */
+    /* numpy turns every nonzero bool byte into 1: a bool source into a number takes its path */
+    if (src->isz > dst->isz || dst->kind == K_FLOAT || dst->kind == K_BOOL) return 0;
+    if (src->kind != K_SIGNED && src->kind != K_UNSIGNED) return 0;
     if (src->isz == 8) return 0;
     if (dst->kind == K_UNSIGNED && src->kind == K_SIGNED) return 0; /* not a safe cast */
     if (dst->kind == K_SIGNED && src->kind != K_SIGNED && src->isz * 2 > dst->isz) return 0;
