@@ -464,7 +464,7 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
         Py_ssize_t w = j->t.ndim == 2 ? j->w : 1;
         Py_ssize_t c = j->t.ndim == 2 ? (j->w > j->cols ? j->w : j->cols) : 1;
         Py_ssize_t top = j->n > j->rows ? j->n : j->rows;
-        if (j->end > top) top = j->end;
+        if (j->n && j->end > top) top = j->end;
         if (top > j->t.nrows || c > j->t.ncols) {
             PyErr_Format(PyExc_ValueError, "write: rows %zd x cols %zd outside the target's %zd x %zd", top, c,
                          j->t.nrows, j->t.ncols);
@@ -515,7 +515,7 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
             newcols = top ? w : 0;
         }
         Py_ssize_t r = n > rows ? n : rows;
-        if (end > r) r = end;
+        if (n && end > r) r = end; /* with no live row there is nothing to repeat */
         Py_ssize_t c = t->ndim == 2 ? (j->w > j->cols ? j->w : j->cols) : 1;
         moved += r * c * t->isz;
         PyObject *a = PyLong_FromSsize_t(top), *b = PyLong_FromSsize_t(newcols);

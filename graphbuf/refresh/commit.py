@@ -3,8 +3,8 @@
 Per buffer a high-water mark (rows, cols) bounds the cells that may differ from the pad: rows at and past
 ``rows`` and columns at and past ``cols`` hold the pad in every row. A write of ``n`` live rows × ``w`` live
 columns touches the rectangle ``[:max(n, end, rows), :max(w, cols)]`` of that buffer only (``end``: the
-last padded row a ``repeat_last`` buffer fills at this capture size), so a refresh costs O(live rows × live
-width + the cells earlier refreshes dirtied), never O(capacity).
+last padded row a ``repeat_last`` buffer fills at this capture size; 0 when no live row is there to repeat),
+so a refresh costs O(live rows × live width + the cells earlier refreshes dirtied), never O(capacity).
 
 The write runs in the native kernel when it is built (:mod:`graphbuf.refresh.native`; same cells, same
 values), else through numpy. On the cpu the rectangles are written into the slab in place. Staged (every
@@ -166,7 +166,7 @@ class Committer:
             slot, n, w = p[0], p[3], p[4]
             i = slot.index
             end = self._ends[size][i]
-            r = max(n, end, self._rows[i])
+            r = max(n, end if n else 0, self._rows[i])
             c = max(w, self._cols[i]) if slot.ndim == 2 else 1
             out.append((p, end, r, c))
         return out
@@ -181,7 +181,7 @@ class Committer:
             rows, cols = rows_of[i], cols_of[i]
             end = ends[i]
             rows_of[i], cols_of[i] = write_live(targets[i], host, slot, n, w, end, rows, cols)
-            r = max(n, end, rows)
+            r = max(n, end if n else 0, rows)
             c = (w if w > cols else cols) if slot.ndim == 2 else 1
             moved += r * c * slot.itemsize
         return moved
@@ -195,7 +195,7 @@ class Committer:
                 (dst[:r, :c] if wide else dst[:r]).copy_(src[:r, :c] if wide else src[:r], non_blocking=True)
             if dev is not None:  # device-resident source: its live cells, then its repeated rows
                 (dst[:n, :w] if wide else dst[:n]).copy_(dev, non_blocking=True)
-                if slot.repeat_last and end > n:
+                if slot.repeat_last and n and end > n:
                     tail = dst[n:end, :c] if wide else dst[n:end]
                     tail.copy_((dst[n - 1 : n, :c] if wide else dst[n - 1 : n]).expand_as(tail))
         event = getattr(torch, self.device.type).Event()
