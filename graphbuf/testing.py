@@ -202,7 +202,8 @@ def sources(
 ) -> SearchStrategy[dict[str, Any]]:
     """Sources for ``live`` requests refreshed at ``size`` tokens (default: the smallest capture size holding
     them, else ``live * tokens_per_request`` as an eager step): relations first (default: the spec's tasks'),
-    every other buffer from the spec's rules; ``keep`` buffers are sometimes left out."""
+    every other buffer from the spec's rules; ``keep`` buffers are sometimes left out, but never all of them,
+    nor every buffer whose rows carry the live count."""
     p = _plan(buffers)
     tpr = p.tokens_per_request
     if size is None:
@@ -217,8 +218,15 @@ def _sources(draw: Any, p: Plan, size: int, live: int, rels: tuple[Relation, ...
     for rel in rels:
         out.update(draw(rel(p, size, live)))
     env = {**p.constants, "requests": live, "tokens": live * p.tokens_per_request}
+    left_out = {b.name for b in p.buffers if b.name not in out and b.keep and not draw(st.booleans())}
+    # Never leave out every source that carries the live count (a refresh would need num_reqs=), nor all.
+    carriers = [b.name for b in p.buffers if b.rows.names & {"tokens", "requests"}]
+    if carriers and all(n in left_out for n in carriers):
+        left_out.discard(carriers[0])
+    if left_out.issuperset(b.name for b in p.buffers):
+        left_out.discard(p.buffers[0].name)
     for b in p.buffers:
-        if b.name in out or (b.keep and not draw(st.booleans())):
+        if b.name in out or b.name in left_out:
             continue
         rows = b.rows.eval(env)
         if b.cols is None:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import tomllib
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _declared() -> tuple[list[str], dict[str, str]]:
-    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
-    return config["packages"], config.get("package-dir", {})
+    """[tool.setuptools] packages and package-dir (by pattern: tomllib is 3.11+, we support 3.10)."""
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    listed = re.search(r"^packages = \[(.*?)\]$", text, re.M | re.S)
+    assert listed, "pyproject.toml: [tool.setuptools] packages = [...] not found"
+    packages = re.findall(r'"([^"]+)"', listed.group(1))
+    section = re.search(r"^\[tool\.setuptools\.package-dir\]\n(.*?)(?:\n\[|\Z)", text, re.M | re.S)
+    package_dir = dict(re.findall(r'^"([^"]+)" = "([^"]+)"$', section.group(1), re.M)) if section else {}
+    return packages, package_dir
 
 
 def _source_dir(package: str, package_dir: dict[str, str]) -> Path:

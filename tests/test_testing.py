@@ -88,6 +88,31 @@ def test_rejected_batches_raise_exactly_their_label(
     assert small.slab.numpy().tobytes() == before  # rejected: no byte changed
 
 
+ALL_KEEP = graphbuf.StaticBuffers(
+    graphbuf.GraphSpec.model_validate({
+        "version": 1, "name": "all-keep", "constants": {"max_num_seqs": 4},
+        "capture": {"tokens_per_request": 1, "sizes": [2, 4]},
+        "buffers": {
+            "lens": {"dtype": "int32", "rows": "requests", "pad": 0, "min": 0, "max": 9, "keep": True},
+            "scale": {"dtype": "float32", "rows": 1, "pad": 0, "keep": True},
+        },
+    })
+)  # fmt: skip
+
+
+@settings(max_examples=examples(40))
+@given(batch=batches(ALL_KEEP), bad=batches(ALL_KEEP, rejected=True))
+def test_every_buffer_keep_still_gives_acceptable_and_rejectable_batches(batch: Batch, bad: Rejected) -> None:
+    """Left-out keep buffers never take away every source, nor the last one carrying the live count."""
+    assert "lens" in batch.sources
+    assert ALL_KEEP.refresh(*batch) == batch.num_reqs  # no num_reqs= needed
+    before = ALL_KEEP.slab.numpy().tobytes()
+    with pytest.raises(graphbuf.RefreshError) as info:
+        ALL_KEEP.refresh(*bad)
+    assert type(info.value) is bad.error, (bad.reason, info.value)
+    assert ALL_KEEP.slab.numpy().tobytes() == before
+
+
 def test_every_kind_of_rejection_is_drawn(small: graphbuf.StaticBuffers) -> None:
     for error in (graphbuf.RowsError, graphbuf.WidthError, graphbuf.RefreshError):
         found = find(batches(small, rejected=True), lambda b, e=error: b.error is e, settings=settings(

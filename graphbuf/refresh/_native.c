@@ -1,4 +1,4 @@
-/* graphbuf.refresh._native: the refresh hot path in one pass per source, no numpy C API (buffer protocol).
+/* graphbuf.refresh._native: a refresh's value check and live-row write in C (buffer protocol, no numpy C API).
  *
  * fit(arr, rows, width, lo, hi) -> True | False | None
  *     Are the values of arr[:rows, :width] (2-D) or arr[:rows] (1-D) within lo..hi (None: unbounded)?
@@ -9,8 +9,9 @@
  *     The live-row write of graphbuf.refresh.commit.write_live for every item, the same cells and values:
  *     items are (slot, host, device, n, w) tuples whose host[:n, :w] is the live data (host None: written
  *     on the device later); targets[i], ends[i], pads[i] (pad bytes), rows_of[i], cols_of[i] (high-water
- *     marks, updated) are indexed by slot.index. None, with nothing written, when an item needs a cast
- *     this kernel does not do (the caller then takes the numpy path).
+ *     marks, updated) are indexed by slot.index, one item per slot. None, with nothing written, when an item
+ *     needs a cast this kernel does not do or its source shares bytes with its buffer (the caller then
+ *     takes the numpy path).
  *
  * Every region is checked against the buffers' shapes before the first byte is written.
  */
@@ -79,8 +80,9 @@ static int arr_get(PyObject *obj, Arr *a, int writable) {
         if (v->strides && v->shape[1] > 1 && v->shape[0] > 0 && v->strides[1] != v->itemsize) {
             a->kind = K_NONE;
         }
-    } else {
+    } else { /* 0-d or more than 2-D: no region of it is read */
         a->kind = K_NONE;
+        a->nrows = a->ncols = a->rstride = 0;
     }
     if (v->ndim == 1 && v->strides && v->shape[0] > 1 && v->strides[0] != v->itemsize) a->kind = K_NONE;
     return 0;
@@ -442,6 +444,12 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
         if (idx < 0 || idx >= nslots) {
             PyErr_Format(PyExc_IndexError, "write: slot index %zd outside 0..%zd", idx, nslots - 1);
             goto done;
+        }
+        for (Py_ssize_t q = 0; q < k; q++) {
+            if (jobs[q].idx == idx) { /* marks are read before any write: one item per buffer */
+                PyErr_Format(PyExc_ValueError, "write: slot index %zd given twice", idx);
+                goto done;
+            }
         }
         j->idx = idx;
         if (as_ssize(PyTuple_GET_ITEM(it, 3), &j->n, "n") < 0 || as_ssize(PyTuple_GET_ITEM(it, 4), &j->w, "w") < 0 ||
