@@ -920,3 +920,84 @@ def test_built_where_a_compiler_and_headers_exist() -> None:
         assert callable(native.KERNEL.fit) and callable(native.KERNEL.write)
     else:
         assert native.KERNEL is None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Found under ASan/UBSan: code run by a slot's ``index``, misaligned memory, a zero-width buffer
+
+
+class _Hooked:
+    """A slot whose ``index`` runs ``hook`` first (Python code inside the kernel's first phase)."""
+
+    def __init__(self, index: int, hook: Callable[[], None]) -> None:
+        self._index, self._hook = index, hook
+
+    @property
+    def index(self) -> int:
+        self._hook()
+        return self._index
+
+
+@needs_kernel
+@pytest.mark.parametrize("victim", ["items", "targets", "rows_of", "cols_of"])
+def test_write_survives_python_code_run_by_a_slot_index(victim: str) -> None:
+    """The kernel works on its own copy of ``items`` and rechecks the lists after each lookup."""
+    pads = (np.int32(0).tobytes(),) * 2
+    targets = [np.full(4, 5, np.int32), np.full(4, 5, np.int32)]
+    rows_of, cols_of = [0, 0], [0, 0]
+    items: list[Any] = []
+    lists = {"items": items, "targets": targets, "rows_of": rows_of, "cols_of": cols_of}
+    items += [
+        (_Hooked(0, lists[victim].clear), np.arange(4, dtype=np.int32), None, 4, 0),
+        (_Hooked(1, lambda: None), None, None, 0, 0),
+    ]
+    saved = list(targets)
+    before = [t.tobytes() for t in saved]
+    if victim == "items":  # the kernel's own copy of items is unaffected: both written
+        assert write(targets, items, (0, 0), pads, rows_of, cols_of) == 16
+        assert lists["targets"][0].tolist() == [0, 1, 2, 3]
+        return
+    with pytest.raises(RuntimeError, match="changed size during the call"):
+        write(targets, items, (0, 0), pads, rows_of, cols_of)
+    assert [t.tobytes() for t in saved] == before
+
+
+def _misaligned(values: list[int], dtype: type) -> np.ndarray:
+    itemsize = np.dtype(dtype).itemsize
+    a = np.frombuffer(bytearray(len(values) * itemsize + 1), dtype=dtype, offset=1, count=len(values))
+    a[...] = values
+    assert not a.flags.aligned
+    return a
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64])
+def test_misaligned_memory_takes_the_numpy_path(dtype: type) -> None:
+    src = _misaligned([3, 4, 5], dtype)
+    assert fit(src, 3, 0, 0, 10) is None and fit(src.reshape(1, 3), 1, 3, 0, 10) is None
+    s = slot(0, np.dtype(dtype), 0)
+    aligned = np.zeros(3, dtype)
+    assert write([aligned], [(s, src, None, 3, 0)], (0,), (s.pad.tobytes(),), [0], [0]) is None
+    target = _misaligned([9, 9, 9], dtype)
+    assert write([target], [(s, aligned, None, 3, 0)], (0,), (s.pad.tobytes(),), [0], [0]) is None
+    assert target.tolist() == [9, 9, 9]  # None: nothing written
+    spec = GraphSpec.model_validate({
+        "version": 1, "name": "m", "constants": {"max_num_seqs": 4},
+        "capture": {"tokens_per_request": 1, "sizes": [4]},
+        "buffers": {"x": {"dtype": "int64", "rows": "requests", "pad": 0, "min": 0, "max": 6}},
+    })  # fmt: skip
+    sb = StaticBuffers(spec)
+    assert sb.refresh(4, {"x": src}) == 3
+    assert sb.view(4)["x"].tolist() == [3, 4, 5, 0]
+    with pytest.raises(graphbuf.RefreshError, match="above max 6"):  # bounds still checked (numpy's)
+        sb.refresh(4, {"x": _misaligned([3, 9, 5], dtype)})
+
+
+@needs_kernel
+def test_a_zero_width_buffer_of_many_rows_costs_nothing() -> None:
+    """Repeating a row of no bytes over 2**40 rows is no work (it once looped 2**40 times)."""
+    s = slot(0, np.dtype(np.int32), 0)
+    t = np.zeros((2**40, 0), np.int32)
+    rows_of, cols_of = [0], [0]
+    assert write([t], [(s, None, None, 1, 0)], (2**40,), (s.pad.tobytes(),), rows_of, cols_of) == 0
+    assert (rows_of, cols_of) == ([2**40], [0])

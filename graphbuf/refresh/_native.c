@@ -58,6 +58,7 @@ typedef struct {
     Py_ssize_t nrows, ncols; /* shape; ncols 1 for 1-D */
     Py_ssize_t rstride;      /* bytes between rows */
     int ndim;
+    int aligned; /* buf and row stride are multiples of the item size */
 } Arr;
 
 static int arr_get(PyObject *obj, Arr *a, int writable) {
@@ -85,6 +86,7 @@ static int arr_get(PyObject *obj, Arr *a, int writable) {
         a->nrows = a->ncols = a->rstride = 0;
     }
     if (v->ndim == 1 && v->strides && v->shape[0] > 1 && v->strides[0] != v->itemsize) a->kind = K_NONE;
+    a->aligned = v->itemsize > 0 && (uintptr_t)v->buf % (uintptr_t)v->itemsize == 0 && a->rstride % v->itemsize == 0;
     return 0;
 }
 
@@ -254,7 +256,7 @@ static PyObject *gb_fit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                      a.nrows, a.ncols);
         return NULL;
     }
-    int r = a.kind == K_NONE || a.kind == K_FLOAT ? -1 : region_fits(&a, rows, cols, lk, lo, hk, hi);
+    int r = a.kind == K_NONE || a.kind == K_FLOAT || !a.aligned ? -1 : region_fits(&a, rows, cols, lk, lo, hk, hi);
     arr_release(&a);
     if (r < 0) Py_RETURN_NONE;
     return PyBool_FromLong(r);
@@ -409,9 +411,9 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "write: targets, rows_of, cols_of must be lists; ends, pads tuples");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(items, "write: items must be a sequence");
+    PyObject *seq = PySequence_Tuple(items); /* our own tuple: .index code cannot free an item under us */
     if (seq == NULL) return NULL;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq), nslots = PyList_GET_SIZE(targets);
+    Py_ssize_t m = PyTuple_GET_SIZE(seq), nslots = PyList_GET_SIZE(targets);
     if (PyTuple_GET_SIZE(ends) != nslots || PyTuple_GET_SIZE(pads) != nslots || PyList_GET_SIZE(rows_of) != nslots ||
         PyList_GET_SIZE(cols_of) != nslots) {
         Py_DECREF(seq);
@@ -431,7 +433,7 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
     /* Phase 1: resolve and check every item; nothing is written unless all are good. */
     for (Py_ssize_t k = 0; k < m; k++) {
         Job *j = &jobs[k];
-        PyObject *it = PySequence_Fast_GET_ITEM(seq, k);
+        PyObject *it = PyTuple_GET_ITEM(seq, k); /* seq is our own tuple: it stays alive */
         if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 5) {
             PyErr_SetString(PyExc_TypeError, "write: each item is a (slot, host, device, n, w) tuple");
             goto done;
@@ -441,6 +443,11 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
         Py_ssize_t idx = PyLong_AsSsize_t(ix);
         Py_DECREF(ix);
         if (idx == -1 && PyErr_Occurred()) goto done;
+        /* .index may have run Python code: the lists must still be the size checked above */
+        if (PyList_GET_SIZE(targets) != nslots || PyList_GET_SIZE(rows_of) != nslots || PyList_GET_SIZE(cols_of) != nslots) {
+            PyErr_SetString(PyExc_RuntimeError, "write: targets, rows_of or cols_of changed size during the call");
+            goto done;
+        }
         if (idx < 0 || idx >= nslots) {
             PyErr_Format(PyExc_IndexError, "write: slot index %zd outside 0..%zd", idx, nslots - 1);
             goto done;
@@ -462,6 +469,11 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
             goto done;
         }
         if (arr_get(PyList_GET_ITEM(targets, idx), &j->t, 1) < 0) goto done;
+        if (!j->t.aligned && j->t.kind != K_NONE) { /* the numpy path writes a misaligned target */
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
         if (j->t.kind == K_NONE || j->t.rstride != j->t.ncols * j->t.isz || PyBytes_GET_SIZE(pad) != j->t.isz) {
             PyErr_SetString(PyExc_ValueError, "write: a target is not a C-contiguous buffer of its pad's width");
             goto done;
@@ -488,7 +500,7 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
                 goto done;
             }
             j->cast = cast_of(&j->src, &j->t);
-            if (j->cast == 0 || (j->t.ndim == 2 ? overlaps(&j->src, j->n, j->w, &j->t) : overlaps(&j->src, 1, j->n, &j->t))) {
+            if (j->cast == 0 || !j->src.aligned || (j->t.ndim == 2 ? overlaps(&j->src, j->n, j->w, &j->t) : overlaps(&j->src, 1, j->n, &j->t))) {
                 /* the numpy path does this cast, or copies through a temporary (a source inside a buffer) */
                 result = Py_None;
                 Py_INCREF(result);
@@ -516,7 +528,8 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
                 for (Py_ssize_t r = 0; r < n; r++) fill(row_at(t, r) + w * t->isz, c - w, j->pad, t->isz, j->zero);
             }
             if (n && end > n) {
-                for (Py_ssize_t r = n; r < end; r++) memcpy(row_at(t, r), row_at(t, n - 1), (size_t)(c * t->isz));
+                if (c) /* a zero-width buffer has no bytes to repeat, however many rows */
+                    for (Py_ssize_t r = n; r < end; r++) memcpy(row_at(t, r), row_at(t, n - 1), (size_t)(c * t->isz));
                 top = end;
             }
             if (rows > top) fill_rows(t, top, rows, c, j->pad, j->zero);
@@ -532,8 +545,12 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
             Py_XDECREF(b);
             goto done;
         }
-        PyList_SetItem(rows_of, j->idx, a); /* steals */
-        PyList_SetItem(cols_of, j->idx, b);
+        /* steal a and b; replacing a mark may run a __del__ that shrinks a list: checked */
+        if (PyList_SetItem(rows_of, j->idx, a) < 0) {
+            Py_DECREF(b);
+            goto done;
+        }
+        if (PyList_SetItem(cols_of, j->idx, b) < 0) goto done;
     }
     result = PyLong_FromSsize_t(moved);
 done:
