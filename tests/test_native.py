@@ -810,26 +810,31 @@ def test_staged_empty_refresh_of_a_repeat_last_buffer(staging: int | None, path:
 # 5. Large (streamed) copies
 
 
+STREAM_MIN = getattr(KERNEL, "STREAM_MIN", 16 << 20)  # bytes a write copies above which it streams
+
+
 @needs_kernel
 @pytest.mark.parametrize("style", ["contiguous", "wider", "reversed", "1d", "1d-unaligned", "cast"])
-def test_large_writes_are_write_live(style: str) -> None:
-    """At least 4 MiB per item: the streaming-store path."""
+@pytest.mark.parametrize("streamed", [False, True], ids=["cached", "streamed"])
+def test_large_writes_are_write_live(style: str, streamed: bool) -> None:
+    """Copies just below and just above ``STREAM_MIN`` in total (cached stores, then streaming stores)."""
     rng = np.random.default_rng(5)
     if style.startswith("1d"):
         dtype = np.uint8 if style == "1d-unaligned" else np.int32
-        count = (4 << 20) + 13
+        count = STREAM_MIN // np.dtype(dtype).itemsize + (16 if streamed else -16)
         backing = np.full(count + 1, 7, dtype)
         t = backing[1:] if style == "1d-unaligned" else backing[:count]  # off 16-byte alignment
         src = rng.integers(0, 100, size=count + 5).astype(dtype)
-        n, w, rows, cols = count - 3, 0, count, 0
+        n, w, rows, cols = count, 0, count, 0
     else:  # "contiguous": target rows as wide as the live width, one whole copy; else row by row
         width = 1024 if style == "contiguous" else 1040
-        t = np.full((1030, width), 7, np.int32)
-        full = rng.integers(-1000, 1000, size=(1030, 1100)).astype(np.int16 if style == "cast" else np.int32)
+        n = STREAM_MIN // (1024 * 4) + (1 if streamed else -1)
+        t = np.full((n + 5, width), 7, np.int32)
+        full = rng.integers(-1000, 1000, size=(n + 5, 1100)).astype(np.int16 if style == "cast" else np.int32)
         src = {"contiguous": np.ascontiguousarray(full[:, :1024]), "wider": full, "reversed": full[::-1],
                "cast": full}[style]  # fmt: skip
-        n, w, rows, cols = 1025, 1024, 1030, width
-    assert n * max(w, 1) * t.itemsize >= 4 << 20
+        w, rows, cols = 1024, n + 5, width
+    assert (n * max(w, 1) * t.itemsize > STREAM_MIN) == streamed
     s = slot(0, t.dtype, 3)
     ours, rows_of, cols_of = t.copy(), [rows], [cols]
     moved = write([ours], [(s, src, None, n, w)], (0,), (s.pad.tobytes(),), rows_of, cols_of)
@@ -842,25 +847,27 @@ def test_large_writes_are_write_live(style: str) -> None:
 
 @pytest.mark.parametrize("staging", [None, 2], ids=["in-place", "staged"])
 def test_large_refreshes_through_static_buffers(staging: int | None) -> None:
-    """A 4 MiB buffer refreshed from a bound source wider than the live width and from a mapping source."""
+    """A buffer whose live rows exceed ``STREAM_MIN``, refreshed from a bound source wider than the live
+    width and from a mapping source."""
+    big = STREAM_MIN // (1024 * 4) + 64
     spec = GraphSpec.model_validate({
-        "version": 1, "name": "large", "constants": {"max_num_seqs": 1024, "width": 1024},
-        "capture": {"tokens_per_request": 1, "sizes": [512, 1024]},
+        "version": 1, "name": "large", "constants": {"max_num_seqs": big, "width": 1024},
+        "capture": {"tokens_per_request": 1, "sizes": [512, big]},
         "buffers": {"big": {"dtype": "int32", "rows": "requests", "cols": "width", "pad": -1, "min": -1}},
     })  # fmt: skip
     nat, ref = StaticBuffers(spec, staging=staging), StaticBuffers(spec, staging=staging)
     rng = np.random.default_rng(9)
-    persistent_src = rng.integers(0, 1 << 30, size=(1030, 1100)).astype(np.int32)
+    persistent_src = rng.integers(0, 1 << 30, size=(big + 6, 1100)).astype(np.int32)
     bound = {id(nat): nat.bind({"big": persistent_src}), id(ref): ref.bind({"big": persistent_src})}
-    for n, w in ((1024, 1024), (1024, 1000), (512, 1024)):
-        size = 512 if n <= 512 else 1024
+    for n, w in ((big, 1024), (big, 1000), (512, 1024)):
+        size = 512 if n <= 512 else big
         step = lambda sb, s=size, k=n, x=w: sb.refresh(s, bound[id(sb)], num_reqs=k, widths={"big": x})  # noqa: E731
         assert both(nat, ref, step) == ("ok", n)
         persistent_src[:8] += 1  # the bound memory is read at each refresh
-    mapping = {"big": rng.integers(0, 1 << 30, size=(1024, 1024)).astype(np.int32)}
-    assert both(nat, ref, lambda sb: sb.refresh(1024, mapping)) == ("ok", 1024)
+    mapping = {"big": rng.integers(0, 1 << 30, size=(big, 1024)).astype(np.int32)}
+    assert both(nat, ref, lambda sb: sb.refresh(big, mapping)) == ("ok", big)
     assert np.array_equal(nat.full["big"].numpy(), mapping["big"])
-    assert nat.stats.last_bytes == 1024 * 1024 * 4
+    assert nat.stats.last_bytes == big * 1024 * 4
 
 
 # ----------------------------------------------------------------------------------------------------------
