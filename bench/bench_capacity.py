@@ -164,7 +164,7 @@ def _measure(
             "copy": lambda: np.copyto(flat_dst, flat_src),
         },
         iters=iters,
-        rounds=3,
+        rounds=9,
         warmup=3,
     )
     sb.refresh(size, live)

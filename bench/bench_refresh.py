@@ -222,6 +222,7 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
                     "floor": fast_iters,
                     "baseline": slow_iters,
                 },
+                rounds=15,  # short interleaved rounds: this host's speed flips every few seconds
             )
             sizes[fill].append(
                 {
@@ -258,7 +259,7 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
     floor = Floor(p, size)
     calls["floor"] = lambda: floor(src)
     iters = {k: slow_iters // 2 if k.startswith("baseline") else fast_iters for k in calls}
-    t = compare(calls, iters=iters)
+    t = compare(calls, iters=iters, rounds=15)
     sweep = [
         {
             "layers": n,
