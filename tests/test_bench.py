@@ -63,6 +63,9 @@ def test_capacity_results_hold_every_envelope_and_live_count(
     assert res["live"][-1]["live_requests"] == 256
     for r in res["live"]:
         assert r["last_bytes"] == r["live_bytes"]
+    for r in res["capacity"] + res["live"]:  # both contenders measured beside graphbuf at every point
+        assert r["vllm_style_us"] > 0 and r["vllm_checked_us"] > 0
+    assert res["summary"]["max_bound_over_vllm_checked"] > 0
 
 
 def test_refresh_results_hold_every_source_form_at_every_size(
