@@ -4,14 +4,18 @@
 takes its numpy path (``graphbuf.refresh.native.KERNEL`` is None).
 """
 
+import sys
+
 from setuptools import Extension, setup
+
+FLAGS = [] if sys.platform == "win32" else ["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 setup(
     ext_modules=[
         Extension(
             "graphbuf.refresh._native",
             ["graphbuf/refresh/_native.c"],
-            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=FLAGS,
             optional=True,
         )
     ]
