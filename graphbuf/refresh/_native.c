@@ -20,13 +20,14 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(_M_X64)
+/* GB_PORTABLE builds what a non-x86 host (an aarch64 Ascend server) builds: no streaming stores, no clones. */
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(GB_PORTABLE)
 #include <emmintrin.h>
 #define GB_STREAM 1
 #endif
 
 /* Reductions built for AVX2 and SSE4.1 too (SSE2 has no 32-bit integer min/max), chosen at load time. */
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && !defined(GB_PORTABLE)
 #define GB_CLONES __attribute__((target_clones("avx2", "sse4.1", "default")))
 #else
 #define GB_CLONES
