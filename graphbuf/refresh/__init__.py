@@ -2,6 +2,8 @@
 
 Modules, top-down:
   * :mod:`~graphbuf.refresh.layout`: every buffer resolved once (dtype, pad, capacity per size, bounds);
+  * :mod:`~graphbuf.refresh.native`: the optional C kernel of the value check (validate) and the live-row
+    write (commit), with numpy as the reference and the fallback;
   * :mod:`~graphbuf.refresh.validate`: pure validation of one source (and of ``num_reqs``/``widths``);
   * :mod:`~graphbuf.refresh.commit`: staging and commit, the only code that writes buffers or the device;
   * :mod:`~graphbuf.refresh.mapping` and :mod:`~graphbuf.refresh.bound`: the two front-ends, peers;
