@@ -486,6 +486,73 @@ def test_fit_is_exact_on_integer_arrays(case: tuple[np.ndarray, int, int, int | 
     assert fit(arr, rows, width, lo, hi) is truth(arr, rows, width, lo, hi)
 
 
+def accept(*args: Any) -> Any:
+    assert KERNEL is not None
+    return KERNEL.accept(*args)
+
+
+@st.composite
+def accept_inputs(draw: Any) -> tuple[np.ndarray, int, int, int, int | None, int | None]:
+    """fit_inputs' arrays in the layouts a mapping source may take, with a declared ndim and capacity."""
+    arr, _, _, lo, hi = draw(fit_inputs())
+    layout = draw(st.sampled_from(("plain", "columns", "rows", "reversed", "wider", "3d")))
+    if layout == "columns" and arr.ndim == 2:
+        arr = np.repeat(arr, 2, axis=1)[:, ::2]  # every other element: strided
+    elif layout == "rows" and arr.ndim == 2:
+        arr = np.repeat(arr, 2, axis=0)[::2]  # every other row: rows strided, elements contiguous
+    elif layout == "reversed":
+        arr = arr[::-1]
+    elif layout == "wider" and arr.ndim == 2:
+        arr = np.concatenate([arr, arr], axis=1)[:, : arr.shape[1]]
+    elif layout == "3d":
+        arr = arr.reshape(1, *arr.shape)
+    ndim = draw(st.sampled_from((1, 2)))
+    cap_rows = draw(st.integers(0, 12))
+    cap_cols = draw(st.integers(0, 12))
+    return arr, ndim, cap_rows, cap_cols, lo, hi
+
+
+def accept_truth(arr: np.ndarray, ndim: int, cap_rows: int, cap_cols: int, lo: Any, hi: Any) -> Any:
+    """What accept must answer: the checks check_source makes for a fast-dtype source, all passed."""
+    if arr.ndim != ndim:
+        return None
+    if arr.size and arr.shape[-1] > 1 and arr.strides[-1] != arr.itemsize:
+        return None
+    if arr.shape[0] > cap_rows or (ndim == 2 and arr.shape[1] > cap_cols):
+        return None
+    if arr.size:
+        values = [int(v) for v in arr.reshape(-1).tolist()]
+        if (lo is not None and min(values) < lo) or (hi is not None and max(values) > hi):
+            return None
+    return (arr.shape[0], arr.shape[1] if ndim == 2 else 0)
+
+
+@needs_kernel
+@settings(max_examples=examples(300))
+@given(accept_inputs())
+def test_accept_is_exactly_the_checks_it_replaces(case: tuple[Any, ...]) -> None:
+    """``accept`` answers (rows, width) exactly when every check of check_source's general path passes."""
+    assert accept(*case) == accept_truth(*case)
+
+
+@needs_kernel
+def test_accept_leaves_everything_else_to_the_general_path() -> None:
+    a = np.arange(6, dtype=np.int32)
+    assert accept(a, 1, 6, 0, 0, 5) == (6, 0)
+    assert accept(a, 1, 6, 0, 0, 4) is None  # a value above hi: the general path names it
+    assert accept(a, 1, 5, 0, None, None) is None  # too many rows: the general path raises RowsError
+    assert accept(a.reshape(2, 3), 2, 2, 2, None, None) is None  # too wide: clipped or WidthError there
+    assert accept(a.astype(np.float32), 1, 6, 0, None, None) is None  # floats: NaN is looked for there
+    assert accept(_misaligned([1, 2], np.int32), 1, 6, 0, None, None) is None
+    assert accept(a, 1, 6, 0, 0.5, None) is None  # a float bound: numpy compares it
+    for obj in ([1, 2], None, object()):
+        assert accept(obj, 1, 6, 0, None, None) is None  # not a buffer: its type is named there
+    with pytest.raises(TypeError, match="takes 6 arguments"):
+        accept(a, 1, 6, 0, None)
+    with pytest.raises(ValueError, match="cap_rows must be >= 0"):
+        accept(a, 1, -1, 0, None, None)
+
+
 @needs_kernel
 def test_fit_signed_with_lo_0_and_hi_above_the_dtype() -> None:
     """Regression (B1, fixed in 394d3e3): the unsigned-max shortcut must not take a signed array whose

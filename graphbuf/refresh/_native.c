@@ -5,6 +5,10 @@
  *     None when this kernel does not check the dtype (floats: the caller looks for NaN) or a bound is not
  *     an int. Reads memory only.
  *
+ * accept(arr, ndim, cap_rows, cap_cols, lo, hi) -> (rows, width) | None
+ *     The whole of an integer source when it needs no more checks (layout, rows and columns within the
+ *     capacity, values within lo..hi); None otherwise, errors included.
+ *
  * write(targets, items, ends, pads, rows_of, cols_of) -> moved bytes | None
  *     The live-row write of graphbuf.refresh.commit.write_live for every item, the same cells and values:
  *     items are (slot, host, device, n, w) tuples whose host[:n, :w] is the live data (host None: written
@@ -261,6 +265,43 @@ static PyObject *gb_fit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     arr_release(&a);
     if (r < 0) Py_RETURN_NONE;
     return PyBool_FromLong(r);
+}
+
+/* accept(arr, ndim, cap_rows, cap_cols, lo, hi) -> (rows, width) | None
+ * The whole of an integer or bool source, in one call: ndim as given, rows with contiguous elements, aligned,
+ * at most cap_rows rows (and cap_cols columns when 2-D), every value within lo..hi. None for anything else,
+ * errors included: the caller's general path then accepts it, clips it or names what is wrong. */
+static PyObject *gb_accept(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "accept(arr, ndim, cap_rows, cap_cols, lo, hi) takes 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t ndim, cap_rows, cap_cols;
+    if (as_ssize(args[1], &ndim, "ndim") < 0 || as_ssize(args[2], &cap_rows, "cap_rows") < 0 ||
+        as_ssize(args[3], &cap_cols, "cap_cols") < 0)
+        return NULL;
+    int64_t lo = 0, hi = 0;
+    int lk = bound_of(args[4], &lo);
+    int hk = bound_of(args[5], &hi);
+    if (lk == -1 || hk == -1) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    Arr a;
+    if (arr_get(args[0], &a, 0) < 0) {
+        PyErr_Clear(); /* not a buffer: the general path says what it is */
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t cols = a.ndim == 2 ? a.ncols : 1;
+    int ok = a.ndim == ndim && (ndim == 1 || ndim == 2) && a.aligned &&
+             (a.kind == K_SIGNED || a.kind == K_UNSIGNED || a.kind == K_BOOL) && a.nrows <= cap_rows &&
+             (ndim == 1 || a.ncols <= cap_cols);
+    if (ok) ok = region_fits(&a, a.nrows, cols, lk, lo, hk, hi) == 1;
+    Py_ssize_t rows = a.nrows, width = ndim == 2 ? a.ncols : 0;
+    arr_release(&a);
+    if (!ok) Py_RETURN_NONE;
+    return Py_BuildValue("(nn)", rows, width);
 }
 
 /* -------------------------------------------------------------------------------------------- write */
@@ -573,6 +614,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"fit", (PyCFunction)(void (*)(void))gb_fit, METH_FASTCALL, "Values of a region within lo..hi."},
+    {"accept", (PyCFunction)(void (*)(void))gb_accept, METH_FASTCALL, "A whole source that needs no more checks."},
     {"write", (PyCFunction)(void (*)(void))gb_write, METH_FASTCALL, "The live-row write of a refresh."},
     {NULL, NULL, 0, NULL},
 };

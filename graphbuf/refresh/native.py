@@ -2,11 +2,14 @@
 
 :data:`KERNEL` is the compiled module, or None: the install had no C compiler, or ``GRAPHBUF_NATIVE=0``
 was set before import. Either way a refresh writes the same bytes and raises the same errors; the kernel
-only makes the value check and the live-row write one C pass per source instead of several numpy calls.
-Its two functions:
+only turns the per-source checks and the live-row write into one C call each instead of several Python and
+numpy calls. Its functions:
 
 * ``fit(arr, rows, width, lo, hi)``: True/False when the values of the live region lie within
   ``lo..hi``; None when it does not check that dtype (floats: NaN) — the numpy check decides then;
+* ``accept(arr, ndim, cap_rows, cap_cols, lo, hi)``: ``(rows, width)`` of a whole integer source that
+  needs no more checks (layout, capacity, values); None otherwise — the general path then accepts it,
+  clips it or names what is wrong;
 * ``write(targets, items, ends, pads, rows_of, cols_of)``: :func:`graphbuf.refresh.commit.write_live`
   for every item, resolved and range-checked before the first byte is written; None, with nothing
   written, when an item needs a cast it does not do (the numpy write does it then).

@@ -73,7 +73,13 @@ def check_source(
     elif tp is torch.Tensor and src.is_cpu and src.dtype in NP_OF_TORCH and _plain(src):
         host = src.detach().numpy() if src.requires_grad else src.numpy()  # detach() costs a new tensor
     if host is not None and host.dtype in slot.fast:
-        _check_layout(slot, host, name, label)  # the common case: no dtype work, integer values
+        kernel = native.KERNEL
+        cap = slot.capacity.get(size)
+        if kernel is not None and cap is not None:  # the common case, whole in one native call
+            got = kernel.accept(host, slot.ndim, cap[0], cap[1], slot.lo, slot.hi)
+            if got is not None:
+                return (slot, host, None, got[0], got[1])
+        _check_layout(slot, host, name, label)  # no dtype work, integer values
     elif isinstance(src, torch.Tensor):
         _check_tensor_kind(slot, src, name, label)
         if src.device.type == "cpu":
