@@ -177,8 +177,25 @@ static int bound_of(PyObject *o, int64_t *v) {
     return 1;
 }
 
+/* lo and hi as bound_of reads them (kinds lk, hk). */
+typedef struct {
+    int lk, hk;
+    int64_t lo, hi;
+} Bounds;
+
+/* 1: both read; 0: one is not an int (the caller says "cannot say"); -1: a Python error is set. */
+static int bounds_of(PyObject *lo, PyObject *hi, Bounds *b) {
+    b->lo = b->hi = 0;
+    b->lk = bound_of(lo, &b->lo);
+    b->hk = bound_of(hi, &b->hi);
+    if (b->lk == -1 || b->hk == -1) return PyErr_Occurred() ? -1 : 0;
+    return 1;
+}
+
 /* 1: region within bounds, 0: not, -1: cannot say (kind). */
-static int region_fits(const Arr *a, Py_ssize_t rows, Py_ssize_t cols, int lk, int64_t lo, int hk, int64_t hi) {
+static int region_fits(const Arr *a, Py_ssize_t rows, Py_ssize_t cols, const Bounds *b) {
+    int lk = b->lk, hk = b->hk;
+    int64_t lo = b->lo, hi = b->hi;
     if (rows == 0 || cols == 0) return 1;
     int integral = a->kind == K_SIGNED || a->kind == K_UNSIGNED;
     /* One reduction when only a maximum matters: unsigned with no positive lo, or signed with lo 0 and hi
@@ -245,11 +262,10 @@ static PyObject *gb_fit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t rows, width;
     if (as_ssize(args[1], &rows, "rows") < 0 || as_ssize(args[2], &width, "width") < 0) return NULL;
-    int64_t lo = 0, hi = 0;
-    int lk = bound_of(args[3], &lo);
-    int hk = bound_of(args[4], &hi);
-    if (lk == -1 || hk == -1) {
-        if (PyErr_Occurred()) return NULL;
+    Bounds b;
+    int got = bounds_of(args[3], args[4], &b);
+    if (got <= 0) {
+        if (got < 0) return NULL;
         Py_RETURN_NONE;
     }
     Arr a;
@@ -261,7 +277,7 @@ static PyObject *gb_fit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                      a.nrows, a.ncols);
         return NULL;
     }
-    int r = a.kind == K_NONE || a.kind == K_FLOAT || !a.aligned ? -1 : region_fits(&a, rows, cols, lk, lo, hk, hi);
+    int r = a.kind == K_NONE || a.kind == K_FLOAT || !a.aligned ? -1 : region_fits(&a, rows, cols, &b);
     arr_release(&a);
     if (r < 0) Py_RETURN_NONE;
     return PyBool_FromLong(r);
@@ -281,11 +297,10 @@ static PyObject *gb_accept(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (as_ssize(args[1], &ndim, "ndim") < 0 || as_ssize(args[2], &cap_rows, "cap_rows") < 0 ||
         as_ssize(args[3], &cap_cols, "cap_cols") < 0)
         return NULL;
-    int64_t lo = 0, hi = 0;
-    int lk = bound_of(args[4], &lo);
-    int hk = bound_of(args[5], &hi);
-    if (lk == -1 || hk == -1) {
-        if (PyErr_Occurred()) return NULL;
+    Bounds b;
+    int got = bounds_of(args[4], args[5], &b);
+    if (got <= 0) {
+        if (got < 0) return NULL;
         Py_RETURN_NONE;
     }
     Arr a;
@@ -297,7 +312,7 @@ static PyObject *gb_accept(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int ok = a.ndim == ndim && (ndim == 1 || ndim == 2) && a.aligned &&
              (a.kind == K_SIGNED || a.kind == K_UNSIGNED || a.kind == K_BOOL) && a.nrows <= cap_rows &&
              (ndim == 1 || a.ncols <= cap_cols);
-    if (ok) ok = region_fits(&a, a.nrows, cols, lk, lo, hk, hi) == 1;
+    if (ok) ok = region_fits(&a, a.nrows, cols, &b) == 1;
     Py_ssize_t rows = a.nrows, width = ndim == 2 ? a.ncols : 0;
     arr_release(&a);
     if (!ok) Py_RETURN_NONE;
