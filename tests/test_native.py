@@ -1075,3 +1075,41 @@ def test_a_zero_width_buffer_of_many_rows_costs_nothing() -> None:
     rows_of, cols_of = [0], [0]
     assert write([t], [(s, None, None, 1, 0)], (2**40,), (s.pad.tobytes(),), rows_of, cols_of) == 0
     assert (rows_of, cols_of) == ([2**40], [0])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A source that is a view of another buffer of the same refresh (found by the outside review)
+
+ALIAS_SPEC = GraphSpec.model_validate({
+    "version": 1, "name": "alias", "constants": {"max_num_seqs": 8},
+    "capture": {"tokens_per_request": 1, "sizes": [4, 8]},
+    "buffers": {
+        "a": {"dtype": "int32", "rows": "requests", "pad": 100},
+        "b": {"dtype": "int32", "rows": "requests", "pad": 0, "min": 0, "max": 5},
+    },
+})  # fmt: skip
+
+
+@pytest.mark.parametrize("staging", [None, 2], ids=["in-place", "staged"])
+@pytest.mark.parametrize("path", ["kernel", "numpy"])
+def test_a_source_inside_another_buffer_is_read_before_that_buffer_is_written(
+    path: str, staging: int | None
+) -> None:
+    """``b`` from rows of ``a``, which the same refresh pads: ``b`` gets the values that were checked
+    (2, 3), not ``a``'s pad (100, above ``b``'s max) written a moment earlier."""
+    with nullcontext() if path == "kernel" else numpy_path():
+        sb = StaticBuffers(ALIAS_SPEC, staging=staging)
+        sb.refresh(8, {"a": np.arange(8, dtype=np.int32) % 5, "b": np.zeros(8, np.int32)})
+        assert sb.refresh(4, {"a": np.array([1, 1], np.int32), "b": sb.full["a"][2:4]}) == 2
+        assert sb.view(4)["a"].tolist() == [1, 1, 100, 100]
+        assert sb.view(4)["b"].tolist() == [2, 3, 0, 0]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_device_source_inside_another_buffer_is_read_before_the_uploads() -> None:
+    sb = StaticBuffers(ALIAS_SPEC, device="cuda")
+    sb.refresh(8, {"a": np.arange(8, dtype=np.int32) % 5, "b": np.zeros(8, np.int32)})
+    assert sb.refresh(4, {"a": np.array([1, 1], np.int32), "b": sb.full["a"][2:4]}) == 2
+    torch.cuda.synchronize()
+    assert sb.view(4)["b"].tolist() == [2, 3, 0, 0]

@@ -14,8 +14,8 @@
  *     items are (slot, host, device, n, w) tuples whose host[:n, :w] is the live data (host None: written
  *     on the device later); targets[i], ends[i], pads[i] (pad bytes), rows_of[i], cols_of[i] (high-water
  *     marks, updated) are indexed by slot.index, one item per slot. None, with nothing written, when an item
- *     needs a cast this kernel does not do or its source shares bytes with its buffer (the caller then
- *     takes the numpy path).
+ *     needs a cast this kernel does not do, its source is misaligned, or a source shares bytes with a buffer
+ *     this write touches (the caller then takes the numpy path).
  *
  * Every region is checked against the buffers' shapes before the first byte is written.
  */
@@ -42,8 +42,10 @@ enum { K_NONE = 0, K_SIGNED, K_UNSIGNED, K_BOOL, K_FLOAT };
 
 static int kind_of(const Py_buffer *v) {
     const char *f = v->format ? v->format : "B";
-    if (*f == '@' || *f == '=' || *f == '<') f++;
-    else if (*f == '>' || *f == '!') return K_NONE;
+    const uint16_t one = 1;
+    const char native_order = *(const uint8_t *)&one ? '<' : '>'; /* an explicit order must be the host's */
+    if (*f == '@' || *f == '=' || *f == native_order) f++;
+    else if (*f == '<' || *f == '>' || *f == '!') return K_NONE;
     if (f[0] == '\0' || f[1] != '\0') return K_NONE;
     switch (f[0]) {
     case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': return K_SIGNED;
@@ -561,8 +563,21 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
                 goto done;
             }
             j->cast = cast_of(&j->src, &j->t);
-            if (j->cast == 0 || !j->src.aligned || (j->t.ndim == 2 ? overlaps(&j->src, j->n, j->w, &j->t) : overlaps(&j->src, 1, j->n, &j->t))) {
-                /* the numpy path does this cast, or copies through a temporary (a source inside a buffer) */
+            if (j->cast == 0 || !j->src.aligned) { /* the numpy path does this cast, or reads it unaligned */
+                result = Py_None;
+                Py_INCREF(result);
+                goto done;
+            }
+        }
+    }
+    /* A source inside any buffer this write touches (a view of the slab) could be overwritten before it is
+     * read: the numpy path copies such sources first, so what was checked is what is written. */
+    for (Py_ssize_t k = 0; k < m; k++) {
+        const Job *j = &jobs[k];
+        if (!j->has_src) continue;
+        for (Py_ssize_t q = 0; q < m; q++) {
+            int hit = j->t.ndim == 2 ? overlaps(&j->src, j->n, j->w, &jobs[q].t) : overlaps(&j->src, 1, j->n, &jobs[q].t);
+            if (hit) {
                 result = Py_None;
                 Py_INCREF(result);
                 goto done;

@@ -1,10 +1,11 @@
 """The bound front-end: host buffers given once (vLLM's persistent ``CpuGpuBuffer`` style), refreshed by
 live request count.
 
-Binding moves the per-source type work out of the step: each refresh slices the live rows (its spec
-``rows`` rule at ``num_reqs``) and live width of every bound source and sends those views through the same
-validation as a mapping refresh (:func:`graphbuf.refresh.validate.check_source`), so both give the same
-errors for the same values.
+Binding moves the per-source type work out of the step: each refresh takes the live rows (its spec
+``rows`` rule at ``num_reqs``) and live width of every bound source and checks only their values
+(:func:`graphbuf.refresh.validate.live_fits`; the source is passed whole, its live region given by rows and
+width). Anything unusual, and any value out of bounds, goes through the same validation as a mapping
+refresh (:func:`graphbuf.refresh.validate.check_source`), so both give the same errors for the same values.
 
 Invariants:
   * a bound torch tensor keeps its address, shape and strides: all three are compared on every refresh

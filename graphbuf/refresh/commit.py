@@ -119,6 +119,9 @@ class Committer:
             size: tuple(s.capacity[size][0] if s.repeat_last else 0 for s in layout.order)
             for size in layout.plan.capture_sizes
         }
+        # Sources may be views of the slab itself; each is read before any buffer it lies in is written.
+        self._slab = slab.numpy() if not self.staged else None  # in place: host sources
+        self._slab_storage = slab.untyped_storage().data_ptr()  # staged: device sources
         self._events: list[Any] = [None] * len(self._targets)
         self._turn = 0
         self._refreshes = 0
@@ -160,10 +163,14 @@ class Committer:
         self._total += moved
 
     def _rectangles(self, prepared: Sequence[Prepared], size: int) -> list[tuple[Prepared, int, int, int]]:
-        """Per source, before its write: (prepared, end, rows, cols) of the rectangle it will touch."""
+        """Per source, before its write: (prepared, end, rows, cols) of the rectangle it will touch. A device
+        source in the slab's own storage is cloned first: an upload before its copy could change it."""
         out = []
         for p in prepared:
             slot, n, w = p[0], p[3], p[4]
+            dev = p[2]
+            if dev is not None and dev.untyped_storage().data_ptr() == self._slab_storage:
+                p = (slot, p[1], dev.clone(), n, w)
             i = slot.index
             end = self._ends[size][i]
             r = max(n, end if n else 0, self._rows[i])
@@ -172,10 +179,14 @@ class Committer:
         return out
 
     def _write_numpy(self, targets: list[np.ndarray], prepared: Sequence[Prepared], size: int) -> int:
-        """The write through numpy: every source with :func:`write_live`; return the bytes touched."""
+        """The write through numpy: every source with :func:`write_live`; return the bytes touched. A
+        source inside the slab (a view of a buffer) is copied first: an earlier write in this refresh could
+        change it after it was checked."""
         rows_of, cols_of = self._rows, self._cols
         ends = self._ends[size]
         moved = 0
+        if self._slab is not None:
+            prepared = [_detached(p, self._slab) for p in prepared]
         for slot, host, _, n, w in prepared:
             i = slot.index
             rows, cols = rows_of[i], cols_of[i]
@@ -202,6 +213,15 @@ class Committer:
         event.record()
         self._events[k] = event
         self._turn = (k + 1) % len(self._targets)
+
+
+def _detached(p: Prepared, slab: np.ndarray) -> Prepared:
+    """``p`` with its live host values copied out when they may lie inside ``slab``."""
+    slot, host, dev, n, w = p
+    if host is None or not np.may_share_memory(host, slab):
+        return p
+    live = host[:n, :w] if host.ndim == 2 else host[:n]
+    return (slot, live.copy(), dev, n, w)
 
 
 def _np_view(t: torch.Tensor, slot: Slot) -> np.ndarray:

@@ -12,7 +12,8 @@ numpy calls. Its functions:
   clips it or names what is wrong;
 * ``write(targets, items, ends, pads, rows_of, cols_of)``: :func:`graphbuf.refresh.commit.write_live`
   for every item, resolved and range-checked before the first byte is written; None, with nothing
-  written, when an item needs a cast it does not do (the numpy write does it then).
+  written, when an item needs a cast it does not do, a source is misaligned, or a source shares bytes
+  with a buffer the write touches (the numpy write handles those).
 """
 
 from __future__ import annotations
