@@ -173,9 +173,7 @@ class Committer:
                 p = (slot, p[1], dev.clone(), n, w)
             i = slot.index
             end = self._ends[size][i]
-            r = max(n, end if n else 0, self._rows[i])
-            c = max(w, self._cols[i]) if slot.ndim == 2 else 1
-            out.append((p, end, r, c))
+            out.append((p, end, *_rectangle(slot, n, w, end, self._rows[i], self._cols[i])))
         return out
 
     def _write_numpy(self, targets: list[np.ndarray], prepared: Sequence[Prepared], size: int) -> int:
@@ -192,8 +190,7 @@ class Committer:
             rows, cols = rows_of[i], cols_of[i]
             end = ends[i]
             rows_of[i], cols_of[i] = write_live(targets[i], host, slot, n, w, end, rows, cols)
-            r = max(n, end if n else 0, rows)
-            c = (w if w > cols else cols) if slot.ndim == 2 else 1
+            r, c = _rectangle(slot, n, w, end, rows, cols)
             moved += r * c * slot.itemsize
         return moved
 
@@ -213,6 +210,12 @@ class Committer:
         event.record()
         self._events[k] = event
         self._turn = (k + 1) % len(self._targets)
+
+
+def _rectangle(slot: Slot, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:
+    """(rows, cols) of the rectangle a write of ``n`` × ``w`` touches under marks ``rows``/``cols`` (cols 1
+    for a 1-D buffer); the native write counts the same."""
+    return max(n, end if n else 0, rows), (max(w, cols) if slot.ndim == 2 else 1)
 
 
 def _detached(p: Prepared, slab: np.ndarray) -> Prepared:
