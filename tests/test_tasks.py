@@ -113,13 +113,20 @@ def test_task_argument_errors() -> None:
     assert g.tasks == ()
 
 
-def test_update_tasks_by_kind_only_touches_that_kind() -> None:
+def _two_kinds() -> tuple[Graph, torch.Tensor, CapturedTask, CapturedTask, torch.Tensor, torch.Tensor]:
+    """A graph with one ``attention`` and one ``sliding_attention`` task over the same input, both captured
+    with lengths [1, 1, 1]: (graph, input, full task, sliding task, full output, sliding output)."""
     x = torch.arange(12.0).reshape(3, 4)
     full_out, sliding_out = torch.zeros(3), torch.zeros(3)
     g = Graph("cpu")
     with g.capture():
         full = g.task("attention", masked_row_sum, x, full_out, seq_lens=[1, 1, 1])
         sliding = g.task("sliding_attention", masked_row_sum, x, sliding_out, seq_lens=[1, 1, 1])
+    return g, x, full, sliding, full_out, sliding_out
+
+
+def test_update_tasks_by_kind_only_touches_that_kind() -> None:
+    g, x, full, sliding, full_out, sliding_out = _two_kinds()
     assert g.update_tasks("attention", seq_lens=[2, 3, 4]) == 1
     g.replay()
     assert torch.equal(full_out, _expected(x, [2, 3, 4]))
@@ -129,12 +136,7 @@ def test_update_tasks_by_kind_only_touches_that_kind() -> None:
 
 
 def test_reissue_updates_only_tasks_whose_host_args_changed() -> None:
-    x = torch.arange(12.0).reshape(3, 4)
-    full_out, sliding_out = torch.zeros(3), torch.zeros(3)
-    g = Graph("cpu")
-    with g.capture():
-        full = g.task("attention", masked_row_sum, x, full_out, seq_lens=[1, 1, 1])
-        sliding = g.task("sliding_attention", masked_row_sum, x, sliding_out, seq_lens=[1, 1, 1])
+    g, x, full, sliding, full_out, sliding_out = _two_kinds()
     assert g.reissue({"attention": {"seq_lens": [1, 1, 1]}, "mla_attention": {"seq_lens": [2, 2, 2]}}) == 0
     assert full.updates == 0 and sliding.updates == 0  # nothing new: no task update issued
     assert g.reissue({"attention": {"seq_lens": [2, 3, 4]}, "sliding_attention": {}}) == 1
