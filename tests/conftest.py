@@ -5,6 +5,7 @@ and ``deep`` (random, ten times the examples): ``pytest --hypothesis-profile=dee
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ from hypothesis import settings
 
 from graphbuf import StaticBuffers
 from graphbuf.testing import register_profiles
+
+# The shipped planted-bug example (README, "A drill that shrinks") is the tests' planted_tasks module.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "planted"))
 
 register_profiles()
 settings.load_profile("ci")  # Hypothesis' plugin loads --hypothesis-profile=NAME over it

@@ -1,28 +1,24 @@
-"""Drill tasks with planted bugs and known pad dependences (``--allow-factory planted_tasks``): the drill's
-shrinking (test_drill_shrink) and the padding contract (test_padding_contract) must find them."""
+"""Drill tasks with planted bugs and known pad dependences (``--allow-factory planted_tasks``), shipped with
+``planted.yaml`` for the README's drill transcript: the drill's shrinking and the padding contract
+(tests/test_drill_shrink.py) must find them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from pydantic import BaseModel, ConfigDict
 
 from graphbuf import StaticBuffers, Step
 from graphbuf.factories import declare_options
 
-#: tokens_per_request 1; sizes hold 1 and 4 requests, so 2 and 3 requests replay with padded rows.
+#: The spec of ``planted.yaml`` beside this file, without its task (tests plant the task they need).
 PLANTED_SPEC: dict[str, Any] = {
-    "version": 1,
-    "name": "planted",
-    "constants": {"max_num_seqs": 4},
-    "capture": {"tokens_per_request": 1, "sizes": [1, 4]},
-    "groups": ["default"],
-    "buffers": {
-        "lens": {"dtype": "int32", "rows": "requests", "pad": 7, "min": 0, "max": 50},
-        "scale": {"dtype": "int32", "rows": "requests", "pad": 0, "min": 0, "max": 9},
-        "table": {"dtype": "int32", "rows": "requests", "cols": 3, "pad": 0, "min": 0, "max": 9},
-    },
+    k: v
+    for k, v in yaml.safe_load((Path(__file__).with_name("planted.yaml")).read_text()).items()
+    if k != "tasks"
 }
 
 
