@@ -239,25 +239,23 @@ def _resolve_all(
     (no recursion, so a chain of any length resolves in any order); a cycle is a SpecError listing it."""
     values: dict[str, int | None] = {}
     on_path: dict[str, int] = {}  # constant → its index in ``path``
+    path: list[str] = []  # the walk's current dependency path (empty between roots)
+    todo: list[tuple[str, Iterator[str]]] = []  # per constant on the path: the dependencies left to visit
+
+    def enter(key: str) -> None:
+        """Settle ``key`` if it needs no evaluation; else push it onto the path."""
+        if key in overrides:
+            values[key] = overrides[key]
+        elif key not in exprs:
+            values[key] = raw[key]
+        else:
+            on_path[key] = len(path)
+            path.append(key)
+            todo.append((key, iter(sorted(exprs[key].names))))
+
     for root in raw:
         if root in values:
             continue
-        path: list[str] = []
-        todo: list[tuple[str, Iterator[str]]] = []
-
-        def enter(key: str) -> bool:
-            """Settle ``key`` if it needs nothing; else push it. Return whether it was pushed."""
-            if key in overrides:
-                values[key] = overrides[key]
-            elif key not in exprs:
-                values[key] = raw[key]
-            else:
-                on_path[key] = len(path)
-                path.append(key)
-                todo.append((key, iter(sorted(exprs[key].names))))
-                return True
-            return False
-
         enter(root)
         while todo:
             key, deps = todo[-1]
