@@ -239,13 +239,7 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
     print(render_proposal(proposal))
     if args.write:
         path = resolve_spec_path(args.spec)
-        old = path.read_text(encoding="utf-8")
-        write_sizes(path, proposal.sizes, args.spec)
-        try:
-            load_spec(path, allow_factories=args.allow_factory)
-        except SpecError:
-            path.write_text(old, encoding="utf-8")  # never leave a spec that does not load
-            raise
+        write_sizes(path, proposal.sizes, args.spec, allow_factories=args.allow_factory)
         print(f"wrote {path}")
     return EXIT_OK
 

@@ -186,8 +186,9 @@ def test_sizes_write_keeps_block_style_neighbours_and_comments(
     assert main(["check", str(path), "--strict"]) == 1
     assert main(["sizes", str(path), "--max-waste", "0", "--write"]) == 0
     after = path.read_text(encoding="utf-8")
+    # issue 19 §5: the block stays a block, and no comment is glued onto another's line
     assert after == text.replace(
-        "  sizes:   # graphs\n  - 2   # one\n", "  sizes: [2, 4, 6, 8]   # graphs   # one\n"
+        "  sizes:   # graphs\n  - 2   # one\n", "  sizes:   # graphs\n  # one\n  - 2\n  - 4\n  - 6\n  - 8\n"
     )
     assert main(["check", str(path), "--strict"]) == 0
     capsys.readouterr()
