@@ -235,6 +235,7 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
         max_waste_pct=args.max_waste,
         max_graphs=args.max_graphs,
         max_tokens=constants.get("max_num_batched_tokens"),
+        force=args.force,
     )
     print(render_proposal(proposal))
     if args.write:
@@ -306,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-waste", type=float, default=None, metavar="PCT", help="largest padding waste, percent (10)"
     )
     p.add_argument("--max-graphs", type=int, default=None, metavar="N", help="at most N capture sizes")
+    p.add_argument(
+        "--force", action="store_true", help="with --max-graphs: accept more waste than --max-waste allows"
+    )
     p.add_argument("--write", action="store_true", help="edit the spec's capture.sizes in place")
     p.set_defaults(func=_cmd_sizes)
 

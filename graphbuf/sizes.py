@@ -55,10 +55,12 @@ def propose_sizes(
     max_waste_pct: float | None = None,
     max_graphs: int | None = None,
     max_tokens: int | None = None,
+    force: bool = False,
 ) -> Proposal:
     """The fewest sizes covering 1..``max_requests`` requests (≤ ``max_tokens`` tokens) with padding waste at
-    most ``max_waste_pct`` percent, in at most ``max_graphs`` graphs. Default: 10 % waste. Raise SpecError
-    when the two bounds cannot both hold."""
+    most ``max_waste_pct`` percent (default 10). With ``max_graphs``: at most that many graphs, at the least
+    waste they allow. When the two bounds cannot both hold, a SpecError says so, unless ``force``: then the
+    ``max_graphs`` sizes with the least waste they allow, above the bound."""
     if max_waste_pct is not None and not 0 <= max_waste_pct < 100:
         raise SpecError(f"--max-waste {max_waste_pct}: must be in [0, 100)")
     if max_graphs is not None and not 1 <= max_graphs <= MAX_CAPTURE_SIZES:
@@ -66,10 +68,10 @@ def propose_sizes(
     top = max_requests if max_tokens is None else min(max_requests, max_tokens // tokens_per_request)
     if top < 1:
         raise SpecError(f"the envelope holds no batch: {max_requests} requests, max {max_tokens} tokens")
-    if max_graphs is None:
-        waste = Fraction(str(10 if max_waste_pct is None else max_waste_pct)) / 100
-        sizes = _greedy(top, tokens_per_request, waste)
-    else:
+    pct = 10 if max_waste_pct is None else max_waste_pct
+    waste = Fraction(str(pct)) / 100
+    sizes = _greedy(top, tokens_per_request, waste)
+    if max_graphs is not None:
         lo, hi = Fraction(0), Fraction(1)  # hi always fits: one graph holds everything
         if len(_greedy(top, tokens_per_request, lo)) <= max_graphs:
             hi = lo
@@ -81,16 +83,15 @@ def propose_sizes(
                 hi = mid
             else:
                 lo = mid
-        sizes = _greedy(top, tokens_per_request, hi)
-        if max_waste_pct is not None:
-            needed = _greedy(top, tokens_per_request, Fraction(str(max_waste_pct)) / 100)
-            if len(needed) > max_graphs:
-                raise SpecError(
-                    f"--max-waste {max_waste_pct} needs {len(needed)} graphs, above --max-graphs "
-                    f"{max_graphs}; "
-                    f"{max_graphs} graphs need --max-waste {float(hi) * 100:.2f}"
-                )
-            sizes = needed
+        if len(sizes) > max_graphs and not force:
+            bound = f"--max-waste {pct:g}" + (" (the default)" if max_waste_pct is None else "")
+            raise SpecError(
+                f"{bound} needs {len(sizes)} graphs, above --max-graphs {max_graphs}; "
+                f"{max_graphs} graphs need --max-waste {float(hi) * 100:.2f}: allow more graphs or more "
+                "waste, or pass --force to accept it"
+            )
+        if len(sizes) > max_graphs or max_waste_pct is None:
+            sizes = _greedy(top, tokens_per_request, hi)
     if len(sizes) > MAX_CAPTURE_SIZES:
         raise SpecError(f"{len(sizes)} capture sizes needed; at most {MAX_CAPTURE_SIZES}: allow more waste")
     cov = coverage(sizes, tokens_per_request, max_requests, max_tokens)
