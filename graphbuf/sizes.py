@@ -279,6 +279,8 @@ def _check_rewrite(
 
 def _replace_file(path: Path, data: bytes, where: str) -> None:
     """Write ``data`` to a temporary file beside ``path`` and rename it over ``path`` (mode kept)."""
+    if not os.access(path, os.W_OK):  # a rename would replace a file its owner made read-only
+        raise SpecError(f"{where}: cannot write: permission denied; the file is unchanged")
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
