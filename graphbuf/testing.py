@@ -43,7 +43,7 @@ import numpy as np
 from graphbuf.errors import RefreshError, RowsError, UsageError, WidthError
 from graphbuf.factories import task_strategy
 from graphbuf.planner import BufferPlan, Plan
-from graphbuf.spec import DTYPES, MAX_REQUESTS, GraphSpec
+from graphbuf.spec import DTYPES, GraphSpec
 
 __all__ = [
     "PROFILES",
@@ -67,6 +67,9 @@ __all__ = [
 Relation = Callable[[Plan, int, int], SearchStrategy[dict[str, Any]]]
 
 T = TypeVar("T")
+
+#: Most live requests a strategy draws sources for (eager steps above the largest capture size included).
+_MAX_LIVE = 1 << 20
 
 # ----------------------------------------------------------------------------------------------------------
 # Profiles
@@ -273,7 +276,7 @@ def sources(
     nor every buffer whose rows carry the live count."""
     p = _plan(buffers, "sources")
     tpr = p.tokens_per_request
-    live = _count("sources", "live", live, 0, MAX_REQUESTS)
+    live = _count("sources", "live", live, 0, _MAX_LIVE)
     if size is None:
         size = next((s for s in p.capture_sizes if s >= live * tpr), live * tpr)
     elif _count("sources", "size", size, 1) < live * tpr:
@@ -455,7 +458,7 @@ def paged_kv(
     if not isinstance(p, Plan):
         raise UsageError(f"paged_kv(p=...): expected a Plan, got {type(p).__name__}")
     _count("paged_kv", "size", size, 1)
-    _count("paged_kv", "live", live, 0, MAX_REQUESTS)
+    _count("paged_kv", "live", live, 0, _MAX_LIVE)
     tables = [b for b in p.buffers if b.spec_name == block_table]
     if seq_lens not in p.names or not tables:
         return st.just({})

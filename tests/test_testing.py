@@ -300,6 +300,7 @@ def _hostile_calls(sb: graphbuf.StaticBuffers) -> dict[str, Callable[[], Any]]:
         "sources(live=-1)": lambda: sources(sb, -1),
         "sources(live=2.5)": lambda: sources(sb, 2.5),
         "sources(live=10**30)": lambda: sources(sb, 10**30),
+        "sources(live=2**20 + 1)": lambda: sources(sb, 2**20 + 1),
         "sources(size=4.0)": lambda: sources(sb, 1, size=4.0),
         "sources(size=2, live=4)": lambda: sources(sb, 4, size=2),
         "sample(None)": lambda: sample(None),
