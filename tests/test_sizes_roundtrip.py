@@ -13,11 +13,14 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from graphbuf.cli import main
 from graphbuf.errors import SpecError
 from graphbuf.sizes import write_sizes
 from graphbuf.spec import parse_yaml
+from graphbuf.testing import examples
 
 HEAD = "version: 1\nname: rt\nconstants:\n  max_num_seqs: 4\ncapture:\n  tokens_per_request: 2\n"
 TAIL = "buffers:\n  a: {dtype: int32, rows: tokens}  # one buffer\n"
@@ -227,3 +230,72 @@ def test_sizes_that_would_not_load_are_refused_before_writing(tmp_path: Path) ->
     with pytest.raises(SpecError, match=r"would not load \(file unchanged\)[\s\S]*not a multiple"):
         write_sizes(path, (3, 4))
     assert path.read_bytes() == old
+
+
+@st.composite
+def _layout(draw: st.DrawFn) -> tuple[str, str]:
+    """A spec text (LF) with capture.sizes in a drawn style, and the newline to write it with."""
+    ind = draw(st.sampled_from(["  ", "    ", " "]))
+    props = draw(st.sampled_from(["", "&mine ", "!!seq ", "&mine !!seq "]))
+    comment = draw(st.sampled_from(["", "  # c", "\t# tab", " #"]))
+    sizes = sorted(draw(st.lists(st.sampled_from([2, 4, 6, 8]), min_size=1, max_size=4, unique=True)))
+    style = draw(st.sampled_from(["flow", "block", "indentless", "range", "alias"]))
+    if style == "flow":
+        value = f" {props}[{', '.join(map(str, sizes))}]{comment}\n"
+    elif style in ("block", "indentless"):
+        item = ind + ind if style == "block" else ind
+        lines = [f"{item}- {n}{draw(st.sampled_from(['', comment]))}\n" for n in sizes]
+        if draw(st.booleans()):
+            lines.insert(draw(st.integers(0, len(lines))), f"{item}# inside\n")
+        value = f" {props}".rstrip(" ") + f"{comment}\n" + "".join(lines)
+    elif style == "range":
+        value = " {start: 2, stop: 4, step: 2}" + comment + "\n"
+    else:
+        value = " *S" + comment + "\n"
+    before = draw(st.sampled_from(["", f"{ind}# before\n", "\n"]))
+    capture = (
+        f"capture:{comment}\n{ind}tokens_per_request: 2\n{before}{ind}sizes:{value}{ind}max_requests: n\n"
+    )
+    head = "version: 1\nname: fuzz\nconstants: {n: 4}\n"
+    meta = "meta:\n  keep: &S [2, 4]\n" if style == "alias" else ""
+    tail = "buffers:\n  a: {dtype: int32, rows: tokens}\n" + draw(st.sampled_from(["", "# end\n", "# end"]))
+    return head + meta + capture + tail, draw(st.sampled_from(list(NEWLINES.values())))
+
+
+def _lines(text: str) -> list[str]:
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+@settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(layout=_layout(), bom=st.booleans())
+def test_drawn_layouts_keep_their_bytes_or_are_refused_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: tuple[str, str], bom: bool
+) -> None:
+    text, newline = layout
+    path = tmp_path / "fuzz.yaml"
+    old = _encode(text, newline, bom)
+    path.write_bytes(old)
+    code = main(["sizes", str(path), "--max-waste", "0", "--write"])
+    err = capsys.readouterr().err
+    new = path.read_bytes()
+    if code != 0:
+        assert new == old and "undefined alias" not in err, err
+        return
+    assert new.startswith(b"\xef\xbb\xbf") == bom
+    body = new.decode("utf-8-sig")
+    stray = {"\n": "\r", "\r": "\n", "\r\n": None}[newline]
+    bare = body.replace("\r\n", "") if newline == "\r\n" else body
+    assert (stray not in bare) if stray else ("\r" not in bare and "\n" not in bare), repr(body)
+    data = parse_yaml(body, "fuzz.yaml")
+    want = parse_yaml(text, "fuzz.yaml")
+    want["capture"]["sizes"] = [2, 4, 6, 8]
+    assert data == want
+    kept = [
+        line for line in _lines(text) if "sizes:" not in line and not line.lstrip().startswith(("- ", "#"))
+    ]
+    new_lines = _lines(body)
+    assert all(line in new_lines for line in kept)  # every line outside the sizes value survives
+    comments = [line.strip() for line in _lines(text) if line.lstrip().startswith("#")]
+    assert all(any(c in line for line in new_lines) for c in comments)  # comments kept, none dropped
