@@ -128,3 +128,12 @@ def test_a_19_digit_literal_above_the_bound_is_refused(text: str) -> None:
     doc = _doc()
     doc["constants"] = {"big": text}
     assert "constants.big: integer literal" in _error(doc)
+
+
+def test_mappings_nested_past_the_stack_are_a_spec_error() -> None:
+    """Nested mappings are built by recursion: past Python's stack they are "nested too deeply" (a SpecError
+    naming the file), never a RecursionError; 50 levels load."""
+    head = "version: 1\nname: e\ncapture: {sizes: [1]}\nbuffers: {a: {dtype: int32, rows: tokens}}\nmeta: "
+    GraphSpec.model_validate(parse_yaml(head + "{a: " * 50 + "1" + "}" * 50, "f.yaml"), source="f.yaml")
+    with pytest.raises(SpecError, match=r"^f\.yaml: invalid YAML: nested too deeply$"):
+        parse_yaml(head + "{a: " * 900 + "1" + "}" * 900, "f.yaml")
