@@ -235,17 +235,12 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
         max_waste_pct=args.max_waste,
         max_graphs=args.max_graphs,
         max_tokens=constants.get("max_num_batched_tokens"),
+        force=args.force,
     )
     print(render_proposal(proposal))
     if args.write:
         path = resolve_spec_path(args.spec)
-        old = path.read_text(encoding="utf-8")
-        write_sizes(path, proposal.sizes, args.spec)
-        try:
-            load_spec(path, allow_factories=args.allow_factory)
-        except SpecError:
-            path.write_text(old, encoding="utf-8")  # never leave a spec that does not load
-            raise
+        write_sizes(path, proposal.sizes, args.spec, allow_factories=args.allow_factory)
         print(f"wrote {path}")
     return EXIT_OK
 
@@ -312,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-waste", type=float, default=None, metavar="PCT", help="largest padding waste, percent (10)"
     )
     p.add_argument("--max-graphs", type=int, default=None, metavar="N", help="at most N capture sizes")
+    p.add_argument(
+        "--force", action="store_true", help="with --max-graphs: accept more waste than --max-waste allows"
+    )
     p.add_argument("--write", action="store_true", help="edit the spec's capture.sizes in place")
     p.set_defaults(func=_cmd_sizes)
 

@@ -14,6 +14,7 @@ __all__ = [
     "RowsError",
     "SpecError",
     "UnknownDeviceError",
+    "UsageError",
     "WidthError",
 ]
 
@@ -24,6 +25,11 @@ class GraphbufError(Exception):
 
 class SpecError(GraphbufError, ValueError):
     """An invalid spec: the message names the file, the field path and what is allowed."""
+
+
+class UsageError(GraphbufError, ValueError):
+    """A command or call used wrongly, not a spec problem: an argument out of range, a missing file or
+    optional dependency, an unusable input file (the CLI prints ``graphbuf: usage error: ...``, exit 2)."""
 
 
 class PlanTooLargeError(SpecError):

@@ -82,6 +82,10 @@ class _Parser:
                         f"integer literal at position {pos} has {len(num)} digits; at most "
                         f"{MAX_LITERAL_DIGITS} (|value| <= 2**63 - 1)"
                     )
+                if int(num) > MAX_VALUE:
+                    raise ExprError(
+                        f"integer literal {num} at position {pos} is beyond 2**63 - 1 (|value| <= 2**63 - 1)"
+                    )
                 self.tokens.append(("int", num, pos))
             elif name is not None:
                 self.tokens.append(("name", name, pos))

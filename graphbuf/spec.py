@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from graphbuf.errors import SpecError
-from graphbuf.expr import MAX_VALUE, Expr, ExprError, parse_expr
+from graphbuf.expr import MAX_LITERAL_DIGITS, MAX_VALUE, Expr, ExprError, parse_expr
 from graphbuf.factories import resolve_options
 
 __all__ = [
@@ -213,6 +213,7 @@ class GraphSpec(_Strict):
             if not -MAX_VALUE <= number <= MAX_VALUE:
                 raise SpecError(f"{where}: overrides.{key}: {_short(number)} is beyond ±(2**63 - 1)")
             checked[key] = number
+        declared = set(self.constants)
         exprs: dict[str, Expr] = {}
         for key, raw in self.constants.items():
             if key in checked or raw is None:
@@ -221,53 +222,68 @@ class GraphSpec(_Strict):
                 exprs[key] = parse_expr(raw)
             except ExprError as exc:
                 raise SpecError(f"{where}: constants.{key}: {exc}") from None
-            unknown = exprs[key].names - set(self.constants)
+            unknown = exprs[key].names - declared
             if unknown:
                 raise SpecError(
                     f"{where}: constants.{key}: unknown name(s) {', '.join(sorted(unknown))} in "
-                    f"{_short(raw)}; constants: {', '.join(self.constants)}"
+                    f"{_short(raw)}; constants: {_short(', '.join(self.constants), 400)}"
                 )
-        values: dict[str, int | None] = {}
-        try:
-            for key in self.constants:
-                _resolve(key, self.constants, exprs, checked, values, [], where)
-        except RecursionError:
-            raise SpecError(f"{where}: constants: dependency chain too deep to resolve") from None
+        values = _resolve_all(self.constants, exprs, checked, where)
         return {key: values[key] for key in self.constants}
 
 
-def _resolve(
-    key: str,
-    raw: Mapping[str, Any],
-    exprs: Mapping[str, Expr],
-    overrides: Mapping[str, int],
-    values: dict[str, int | None],
-    stack: list[str],
-    where: str,
-) -> int | None:
-    """Resolve constant ``key`` depth-first (iteratively bounded by the constant count)."""
-    if key in values:
-        return values[key]
-    if key in overrides:
-        values[key] = overrides[key]
-        return values[key]
-    if key not in exprs:
-        values[key] = raw[key]
-        return values[key]
-    if key in stack:
-        cycle = [*stack[stack.index(key) :], key]
-        raise SpecError(f"{where}: constants.{key}: dependency cycle: {' -> '.join(cycle)}")
-    stack.append(key)
-    env = {n: _resolve(n, raw, exprs, overrides, values, stack, where) for n in sorted(exprs[key].names)}
-    stack.pop()
-    if any(v is None for v in env.values()):
-        values[key] = None
-    else:
-        try:
-            values[key] = exprs[key].eval(env)
-        except ExprError as exc:
-            raise SpecError(f"{where}: constants.{key}: {exc}") from None
-    return values[key]
+def _resolve_all(
+    raw: Mapping[str, Any], exprs: Mapping[str, Expr], overrides: Mapping[str, int], where: str
+) -> dict[str, int | None]:
+    """Every constant's value: an iterative depth-first walk, linear in the constants and their references
+    (no recursion, so a chain of any length resolves in any order); a cycle is a SpecError listing it."""
+    values: dict[str, int | None] = {}
+    on_path: dict[str, int] = {}  # constant → its index in ``path``
+    path: list[str] = []  # the walk's current dependency path (empty between roots)
+    todo: list[tuple[str, Iterator[str]]] = []  # per constant on the path: the dependencies left to visit
+
+    def enter(key: str) -> None:
+        """Settle ``key`` if it needs no evaluation; else push it onto the path."""
+        if key in overrides:
+            values[key] = overrides[key]
+        elif key not in exprs:
+            values[key] = raw[key]
+        else:
+            on_path[key] = len(path)
+            path.append(key)
+            todo.append((key, iter(sorted(exprs[key].names))))
+
+    for root in raw:
+        if root in values:
+            continue
+        enter(root)
+        while todo:
+            key, deps = todo[-1]
+            dep = next(deps, None)
+            if dep is not None:
+                if dep in values:
+                    continue
+                if dep in on_path:
+                    raise SpecError(f"{where}: constants.{dep}: {_cycle(path[on_path[dep] :])}")
+                enter(dep)
+                continue
+            todo.pop()
+            path.pop()
+            del on_path[key]
+            env = {n: values[n] for n in exprs[key].names}
+            if any(v is None for v in env.values()):
+                values[key] = None
+                continue
+            try:
+                values[key] = exprs[key].eval(env)
+            except ExprError as exc:
+                raise SpecError(f"{where}: constants.{key}: {exc}") from None
+    return values
+
+
+def _cycle(members: list[str]) -> str:
+    """``dependency cycle: a -> b -> a (2 constants)``: every member, in order."""
+    return f"dependency cycle: {' -> '.join([*members, members[0]])} ({len(members)} constants)"
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -542,7 +558,8 @@ def _check_sizes(
             )
         where = [f"capture.sizes[{i}]" for i in range(len(capture_sizes_of(spec)))]
     sizes = capture_sizes_of(spec)
-    if not sizes:
+    too_many = any(item.endswith("(each size is a captured graph)") for item in p.items)
+    if not sizes and not too_many:  # too many sizes are not none
         p.add("capture.sizes", "no capture sizes")
     max_tokens = constants.get("max_num_batched_tokens")
     max_seqs = constants.get("max_num_seqs")
@@ -652,6 +669,46 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+class _HugeInteger:
+    """An integer literal beyond Python's string-conversion digit limit; :func:`parse_yaml` names its path."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<integer of {self.digits} digits>"
+
+
+def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int | _HugeInteger:
+    try:
+        return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        loader.huge_integers = True
+        return _HugeInteger(sum(c.isdigit() for c in str(node.value)))
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+def _huge_integer_path(data: Any) -> tuple[str, _HugeInteger] | None:
+    """The field path of the first :class:`_HugeInteger` in ``data`` (walked iteratively, aliases once)."""
+    seen: set[int] = set()
+    todo: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
+    while todo:
+        node, path = todo.pop()
+        if isinstance(node, _HugeInteger):
+            return _fmt_path(path), node
+        if id(node) in seen or not isinstance(node, (dict, list)):
+            continue
+        seen.add(id(node))
+        items = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+        for key, value in reversed(items):
+            if isinstance(key, _HugeInteger):
+                return f"{_fmt_path(path)} (a key)", key
+            todo.append((value, (*path, key if isinstance(node, list) else str(key))))
+    return None
+
+
 def shipped_specs() -> dict[str, Path]:
     """Shipped spec names → their files."""
     import importlib.resources  # ~20 ms: only when a spec is named rather than given as a path
@@ -703,7 +760,11 @@ def load_spec(
 def parse_yaml(text: str, source: str) -> Any:
     """YAML text → Python data (safe tags only, merge keys allowed, duplicate and complex keys refused)."""
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        loader = _UniqueKeyLoader(text)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except RecursionError:
         raise SpecError(f"{source}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
@@ -713,3 +774,11 @@ def parse_yaml(text: str, source: str) -> Any:
         raise SpecError(f"{source}: {where}invalid YAML: {problem}") from None
     except (ValueError, OverflowError, TypeError) as exc:  # e.g. an integer beyond Python's digit limit
         raise SpecError(f"{source}: invalid YAML value: {_short(str(exc))}") from None
+    if getattr(loader, "huge_integers", False):
+        found = _huge_integer_path(data)
+        if found is not None:
+            raise SpecError(
+                f"{source}: {found[0]}: integer literal of {found[1].digits} digits; at most "
+                f"{MAX_LITERAL_DIGITS} (|value| <= 2**63 - 1)"
+            )
+    return data

@@ -11,9 +11,8 @@ module without it raises ImportError saying so. A user's own property test::
 
     @given(batches(buffers))
     def test_my_backend(batch):
-        size, sources = batch
-        buffers.refresh(size, sources)
-        ...  # run the backend on buffers.view(size), compare with a reference
+        buffers.refresh(*batch, **batch.kwargs)  # kwargs: num_reqs, where the sources cannot tell it
+        ...  # run the backend on buffers.view(batch.size), compare with a reference
 
 Rows follow the spec's rules, widths stay within the captured allocation and values within ``min``/``max``.
 Relations the spec cannot state (e.g. a block table wide enough for each ``seq_len``) come from the spec's
@@ -41,7 +40,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from graphbuf.errors import RefreshError, RowsError, WidthError
+from graphbuf.errors import RefreshError, RowsError, UsageError, WidthError
 from graphbuf.factories import task_strategy
 from graphbuf.planner import BufferPlan, Plan
 from graphbuf.spec import DTYPES, GraphSpec
@@ -69,6 +68,9 @@ Relation = Callable[[Plan, int, int], SearchStrategy[dict[str, Any]]]
 
 T = TypeVar("T")
 
+#: Most live requests a strategy draws sources for (eager steps above the largest capture size included).
+_MAX_LIVE = 1 << 20
+
 # ----------------------------------------------------------------------------------------------------------
 # Profiles
 
@@ -89,7 +91,27 @@ def register_profiles() -> None:
 
 def examples(n: int) -> int:
     """``n`` examples under the ``ci`` profile, scaled by the loaded profile (``deep``: ``10 * n``)."""
+    _count("examples", "n", n, 1)
     return max(1, n * settings.default.max_examples // _BASE_EXAMPLES)
+
+
+def _count(call: str, name: str, value: Any, lo: int, hi: int | None = None) -> int:
+    """``value`` if it is an int (a bool is not) in ``lo..hi``; else a UsageError naming ``call(name=)``."""
+    if type(value) is not int and not isinstance(value, np.integer):
+        raise UsageError(f"{call}({name}={_show(value)}): expected an integer, got {type(value).__name__}")
+    if value < lo or (hi is not None and value > hi):
+        allowed = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise UsageError(f"{call}({name}={_show(value)}): must be {allowed}")
+    return int(value)
+
+
+def _show(value: Any) -> str:
+    text = (
+        repr(value)
+        if not isinstance(value, int) or abs(value) < 10**30
+        else f"<{value.bit_length()}-bit int>"
+    )
+    return text if len(text) <= 60 else text[:60] + "..."
 
 
 def sample(strategy: SearchStrategy[T], *, seed: int = 0, count: int = 1) -> list[T]:
@@ -97,6 +119,11 @@ def sample(strategy: SearchStrategy[T], *, seed: int = 0, count: int = 1) -> lis
 
     Hypothesis' first example is its simplest; it is skipped, so the values are ordinary random draws."""
 
+    if not isinstance(strategy, SearchStrategy):
+        raise UsageError(f"sample(strategy={_show(strategy)}): expected a Hypothesis SearchStrategy")
+    _count("sample", "count", count, 0, 1 << 20)
+    if count == 0:
+        return []
     out: list[T] = []
 
     @settings(
@@ -118,39 +145,76 @@ def sample(strategy: SearchStrategy[T], *, seed: int = 0, count: int = 1) -> lis
 
 @dataclass(frozen=True)
 class Batch:
-    """A live batch: ``refresh(size, sources)`` accepts it; unpacks as the pair ``(size, sources)``."""
+    """A live batch: ``refresh(*batch, **batch.kwargs)`` accepts it as drawn and returns ``num_reqs``.
+
+    Unpacks as the pair ``(size, sources)``. ``kwargs`` is ``{"num_reqs": num_reqs}`` when the sources cannot
+    tell the live request count (no buffer's rows carry it: ``needs_num_reqs``), else empty, so
+    ``refresh(size, sources)`` alone accepts it."""
 
     size: int
     sources: dict[str, Any]
     num_reqs: int
+    needs_num_reqs: bool = False
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.size, self.sources))
 
+    @property
+    def kwargs(self) -> dict[str, int]:
+        """The keyword arguments a refresh needs besides ``(size, sources)``."""
+        return {"num_reqs": self.num_reqs} if self.needs_num_reqs else {}
+
 
 @dataclass(frozen=True)
 class Rejected:
-    """A batch ``refresh(size, sources)`` must reject with exactly ``error`` (``reason`` says why)."""
+    """A batch ``refresh(*rejected, **rejected.kwargs)`` must reject with exactly ``error`` (``reason`` says
+    why); unpacks and carries ``kwargs`` as :class:`Batch` does."""
 
     size: int
     sources: dict[str, Any]
     num_reqs: int
     error: type[RefreshError]
     reason: str = field(default="")
+    needs_num_reqs: bool = False
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.size, self.sources))
 
+    @property
+    def kwargs(self) -> dict[str, int]:
+        """The keyword arguments the refresh takes besides ``(size, sources)``."""
+        return {"num_reqs": self.num_reqs} if self.needs_num_reqs else {}
 
-def _plan(buffers: Any) -> Plan:
+
+def _plan(buffers: Any, call: str) -> Plan:
     p = getattr(buffers, "plan", buffers)
     if not isinstance(p, Plan):
-        raise TypeError(f"expected StaticBuffers or a Plan, got {type(buffers).__name__}")
+        raise UsageError(
+            f"{call}(buffers=...): expected StaticBuffers or a Plan, got {type(buffers).__name__}"
+        )
     return p
+
+
+def _relations(
+    relations: Any, spec: GraphSpec, allow_factories: Iterable[str], call: str
+) -> tuple[Relation, ...]:
+    if relations is None:
+        return task_relations(spec, allow_factories)
+    if isinstance(relations, (str, bytes)) or not isinstance(relations, Iterable):
+        raise UsageError(f"{call}(relations={_show(relations)}): expected a sequence of relation callables")
+    rels = tuple(relations)
+    bad = [r for r in rels if not callable(r)]
+    if bad:
+        raise UsageError(
+            f"{call}(relations=...): {_show(bad[0])} is not callable (relation(plan, size, live))"
+        )
+    return rels
 
 
 def task_relations(spec: GraphSpec, allow_factories: Iterable[str] = ()) -> tuple[Relation, ...]:
     """The relations the spec's tasks supply (see :mod:`graphbuf.factories`), each once, in task order."""
+    if not isinstance(spec, GraphSpec):
+        raise UsageError(f"task_relations(spec=...): expected a GraphSpec, got {type(spec).__name__}")
     found: list[Relation] = []
     for t in spec.tasks:
         rel = task_strategy(t.factory, allow_factories)
@@ -175,17 +239,23 @@ def batches(
     source with more rows than the size holds (``RowsError``). ``relations``: default, those of the spec's
     tasks (:func:`task_relations`).
     """
-    p = _plan(buffers)
-    if size is not None and size not in p.capture_sizes:
+    p = _plan(buffers, "batches")
+    if size is not None and (type(size) is not int or size not in p.capture_sizes):
         sizes = ", ".join(map(str, p.capture_sizes))
-        raise ValueError(f"batches(size={size!r}): not a capture size of {p.spec.name!r}; sizes: {sizes}")
-    rels = task_relations(p.spec, allow_factories) if relations is None else tuple(relations)
+        raise UsageError(
+            f"batches(size={_show(size)}): not a capture size of {p.spec.name!r}; sizes: {sizes}"
+        )
+    if type(rejected) is not bool:
+        raise UsageError(f"batches(rejected={_show(rejected)}): expected True or False")
+    rels = _relations(relations, p.spec, allow_factories, "batches")
     tpr = p.tokens_per_request
     chosen = st.just(size) if size is not None else st.sampled_from(p.capture_sizes)
 
+    needs = not any(b.rows.names & {"tokens", "requests"} for b in p.buffers)
+
     def at(s: int) -> SearchStrategy[Batch]:
         return st.integers(1, max(1, s // tpr)).flatmap(
-            lambda live: sources(p, live, size=s, relations=rels).map(lambda src: Batch(s, src, live))
+            lambda live: sources(p, live, size=s, relations=rels).map(lambda src: Batch(s, src, live, needs))
         )
 
     valid = chosen.flatmap(at)
@@ -204,11 +274,14 @@ def sources(
     them, else ``live * tokens_per_request`` as an eager step): relations first (default: the spec's tasks'),
     every other buffer from the spec's rules; ``keep`` buffers are sometimes left out, but never all of them,
     nor every buffer whose rows carry the live count."""
-    p = _plan(buffers)
+    p = _plan(buffers, "sources")
     tpr = p.tokens_per_request
+    live = _count("sources", "live", live, 0, _MAX_LIVE)
     if size is None:
         size = next((s for s in p.capture_sizes if s >= live * tpr), live * tpr)
-    rels = task_relations(p.spec, allow_factories) if relations is None else tuple(relations)
+    elif _count("sources", "size", size, 1) < live * tpr:
+        raise UsageError(f"sources(size={size}): holds {size // tpr} requests, fewer than live={live}")
+    rels = _relations(relations, p.spec, allow_factories, "sources")
     return _sources(p, size, live, rels)
 
 
@@ -239,6 +312,7 @@ def _sources(draw: Any, p: Plan, size: int, live: int, rels: tuple[Relation, ...
 
 def bounds(b: BufferPlan) -> tuple[int, int]:
     """The value range drawn for ``b``: its ``min``/``max``, else ±100 around them, within its dtype."""
+    _buffer_plan("bounds", b)
     kind = DTYPES[b.dtype_name][0]
     if kind == "b":
         return 0, 1
@@ -265,11 +339,22 @@ def _values(draw: Any, b: BufferPlan, shape: tuple[int, ...]) -> Any:
 
 def as_source(b: BufferPlan, values: Any) -> Any:
     """``values`` in the source type a refresh takes for ``b`` (bfloat16: a torch tensor)."""
-    if b.dtype_name == "bfloat16":
-        import torch
+    _buffer_plan("as_source", b)
+    try:
+        if b.dtype_name == "bfloat16":
+            import torch
 
-        return torch.as_tensor(np.asarray(values, dtype=np.float32)).to(torch.bfloat16)
-    return np.ascontiguousarray(np.asarray(values).astype(b.dtype_name))
+            return torch.as_tensor(np.asarray(values, dtype=np.float32)).to(torch.bfloat16)
+        return np.ascontiguousarray(np.asarray(values).astype(b.dtype_name))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise UsageError(
+            f"as_source({b.name}): cannot convert {_show(values)} to {b.dtype_name}: {exc}"
+        ) from None
+
+
+def _buffer_plan(call: str, b: Any) -> None:
+    if not isinstance(b, BufferPlan):
+        raise UsageError(f"{call}(b=...): expected a BufferPlan (plan[name]), got {type(b).__name__}")
 
 
 def _rejections(p: Plan, base: Batch) -> SearchStrategy[Rejected]:
@@ -304,7 +389,7 @@ def _too_many_rows(p: Plan, base: Batch, name: str) -> SearchStrategy[Rejected]:
         shape = (held + extra, *src.shape[1:])
         srcs = dict(base.sources, **{name: as_source(b, np.full(shape, bounds(b)[0]))})
         why = f"{name}: {shape[0]} rows, capture size {base.size} holds {held}"
-        return Rejected(base.size, srcs, base.num_reqs, RowsError, why)
+        return Rejected(base.size, srcs, base.num_reqs, RowsError, why, base.needs_num_reqs)
 
     return st.integers(1, 3).map(build)
 
@@ -317,7 +402,7 @@ def _too_wide(p: Plan, base: Batch, name: str) -> SearchStrategy[Rejected]:
         rows = np.asarray(_host(base.sources[name])).shape[0]
         srcs = dict(base.sources, **{name: as_source(b, np.full((rows, cap + extra), bounds(b)[0]))})
         why = f"{name}: {cap + extra} columns, the allocation holds {cap} (overflow: reject)"
-        return Rejected(base.size, srcs, base.num_reqs, WidthError, why)
+        return Rejected(base.size, srcs, base.num_reqs, WidthError, why, base.needs_num_reqs)
 
     return st.integers(1, 3).map(build)
 
@@ -348,7 +433,7 @@ def _out_of_bounds(p: Plan, base: Batch, name: str, which: str) -> SearchStrateg
         flat[index] = bad
         srcs = dict(base.sources, **{name: as_source(b, flat.reshape(values.shape))})
         why = f"{name}: value {bad} is outside {which} {getattr(b, which)}"
-        return Rejected(base.size, srcs, base.num_reqs, RefreshError, why)
+        return Rejected(base.size, srcs, base.num_reqs, RefreshError, why, base.needs_num_reqs)
 
     return st.integers(0, values.size - 1).map(build)
 
@@ -370,6 +455,10 @@ def paged_kv(
     table addresses) and, per group, a ``block_table`` whose row ``r`` starts with ``cdiv(seq_lens[r],
     block_size)`` distinct block ids (where the id range allows), in range garbage after them, and is as
     wide as the longest row needs up to the allocation. Buffers the plan lacks are left out."""
+    if not isinstance(p, Plan):
+        raise UsageError(f"paged_kv(p=...): expected a Plan, got {type(p).__name__}")
+    _count("paged_kv", "size", size, 1)
+    _count("paged_kv", "live", live, 0, _MAX_LIVE)
     tables = [b for b in p.buffers if b.spec_name == block_table]
     if seq_lens not in p.names or not tables:
         return st.just({})

@@ -4,6 +4,7 @@ the console script."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -223,3 +224,45 @@ def test_console_script_plan_exits_0() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["name"] == GEMMA
+
+
+def test_the_readme_states_the_required_spec_fields(spec_mapping: Callable[[], dict[str, Any]]) -> None:
+    """Issue 19 §5: the spec section says `version` and `name` are required, as the model and schema do."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### The spec") :]
+    line = (
+        "- **required**: `version` (`1`), `name` (a string), `capture` (at least its `sizes`) and `buffers`"
+    )
+    assert line in section
+    assert set(GraphSpec.model_json_schema()["required"]) == {"version", "name", "capture", "buffers"}
+    for field in ("version", "name"):
+        doc = spec_mapping()
+        del doc[field]
+        with pytest.raises(graphbuf.SpecError, match=rf"<spec>: {field}: Field required"):
+            GraphSpec.model_validate(doc)
+
+
+def test_the_schema_ships_in_the_wheel_where_the_readme_says(tmp_path: Path) -> None:
+    """Issue 19 §5: a built wheel holds graphbuf/specs/graphbuf.schema.json, the path the README gives."""
+    import zipfile
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    where = "graphbuf/specs/graphbuf.schema.json"
+    assert f"`{where}`" in readme
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for folder in ("graphbuf", "adapters", "specs"):
+        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path / "dist")],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "CC": "false"},  # no kernel build
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("graphbuf-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = json.loads(zf.read(where))
+        assert "graphbuf/specs/gemma4-31b-it-mtp.yaml" in zf.namelist()
+    assert shipped == GraphSpec.model_json_schema()

@@ -139,11 +139,20 @@ def test_propose_sizes_is_the_fewest_within_the_waste_bound() -> None:
             for combo in itertools.combinations(candidates, k - 1):
                 cov = coverage([*combo, top * tpr], tpr, top)
                 assert not (cov.ok and cov.max_waste <= pct / 100), (tpr, top, combo)
-    g = propose_sizes(4, 16, max_graphs=4)
+    # issue 19 §5: a graph budget that cannot meet the waste bound (10 % by default) says so, unless forced
+    over = (
+        r"--max-waste 10 \(the default\) needs 12 graphs, above --max-graphs 4; 4 graphs need --max-waste 50"
+    )
+    with pytest.raises(SpecError, match=over + ".*--force"):
+        propose_sizes(4, 16, max_graphs=4)
+    g = propose_sizes(4, 16, max_graphs=4, force=True)
     assert len(g.sizes) <= 4 and g.coverage.ok and g.sizes[-1] == 64
     assert g.max_waste == pytest.approx(0.5)
+    roomy = propose_sizes(4, 16, max_graphs=14)  # a budget that fits spends its graphs on less waste
+    assert len(roomy.sizes) <= 14 and roomy.max_waste < 0.1 and roomy.coverage.ok
     with pytest.raises(SpecError, match="needs 16 graphs, above --max-graphs 4"):
         propose_sizes(4, 16, max_waste_pct=0, max_graphs=4)
+    assert propose_sizes(4, 16, max_waste_pct=0, max_graphs=4, force=True).sizes == g.sizes
     with pytest.raises(SpecError, match=r"--max-waste 100: must be in \[0, 100\)"):
         propose_sizes(4, 16, max_waste_pct=100)
 
@@ -186,8 +195,9 @@ def test_sizes_write_keeps_block_style_neighbours_and_comments(
     assert main(["check", str(path), "--strict"]) == 1
     assert main(["sizes", str(path), "--max-waste", "0", "--write"]) == 0
     after = path.read_text(encoding="utf-8")
+    # issue 19 §5: the block stays a block, and no comment is glued onto another's line
     assert after == text.replace(
-        "  sizes:   # graphs\n  - 2   # one\n", "  sizes: [2, 4, 6, 8]   # graphs   # one\n"
+        "  sizes:   # graphs\n  - 2   # one\n", "  sizes:   # graphs\n  # one\n  - 2\n  - 4\n  - 6\n  - 8\n"
     )
     assert main(["check", str(path), "--strict"]) == 0
     capsys.readouterr()
@@ -202,3 +212,21 @@ def test_sizes_needs_an_envelope(
     assert code == 2 and "capture.max_requests: not declared" in err
     code, _out, err = _run(capsys, "sizes", GEMMA, "--write")  # never edits the installed shipped spec
     assert code == 2 and "--write edits a spec file; give its path" in err
+
+
+def test_sizes_max_graphs_over_the_waste_bound_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 19 §5: `sizes --max-graphs N` that cannot meet --max-waste (10 by default) exits 2 with the
+    reason on stderr and writes nothing, unless --force."""
+    path = _old_gemma(tmp_path)
+    before = path.read_bytes()
+    code, out, err = _run(capsys, "sizes", str(path), "--max-graphs", "2", "--write")
+    assert code == 2 and out == ""
+    assert "--max-waste 10 (the default) needs 12 graphs, above --max-graphs 2" in err and "--force" in err
+    code, out, err = _run(capsys, "sizes", str(path), "--max-graphs", "2", "--max-waste", "20", "--write")
+    assert code == 2 and "--max-waste 20 needs" in err
+    assert path.read_bytes() == before
+    code, out, err = _run(capsys, "sizes", str(path), "--max-graphs", "2", "--force", "--write")
+    assert code == 0, err
+    assert "# 2 capture sizes; max padding waste" in out and f"wrote {path}" in out

@@ -223,7 +223,8 @@ def test_profiles() -> None:
 
 
 def test_deep_profile_runs_ten_times_the_examples(tmp_path: Path) -> None:
-    (tmp_path / "test_count.py").write_text(textwrap.dedent("""
+    (tmp_path / "test_count.py").write_text(
+        textwrap.dedent("""
         from hypothesis import given, settings, strategies as st
         from graphbuf.testing import examples, register_profiles
         CALLS = []
@@ -235,7 +236,8 @@ def test_deep_profile_runs_ten_times_the_examples(tmp_path: Path) -> None:
 
         def test_report():
             print("CALLS", len(CALLS), settings.default.derandomize)
-    """))
+    """)
+    )
     (tmp_path / "conftest.py").write_text(
         "from graphbuf.testing import register_profiles\nregister_profiles()\n"
     )
@@ -278,3 +280,79 @@ def test_graphbuf_works_without_hypothesis() -> None:
     assert "ERROR graphbuf.testing needs Hypothesis" in run.stdout
     assert "pip install 'graphbuf[test]'" in run.stdout
     assert "EXIT 2" in run.stdout and "install the test extra: pip install 'graphbuf[test]'" in run.stderr
+
+
+def _hostile_calls(sb: graphbuf.StaticBuffers) -> dict[str, Callable[[], Any]]:
+    from hypothesis import strategies as hs
+
+    from graphbuf.testing import as_source, bounds, sample, sources
+
+    p = sb.plan
+    return {
+        "batches(None)": lambda: batches(None),
+        "batches(size=4.0)": lambda: batches(sb, size=4.0),
+        "batches(size=True)": lambda: batches(sb, size=True),
+        "batches(size=5)": lambda: batches(sb, size=5),
+        "batches(relations=[1])": lambda: batches(sb, relations=[1]),
+        "batches(relations=5)": lambda: batches(sb, relations=5),
+        "batches(rejected='x')": lambda: batches(sb, rejected="x"),
+        "sources(None, 1)": lambda: sources(None, 1),
+        "sources(live=-1)": lambda: sources(sb, -1),
+        "sources(live=2.5)": lambda: sources(sb, 2.5),
+        "sources(live=10**30)": lambda: sources(sb, 10**30),
+        "sources(live=2**20 + 1)": lambda: sources(sb, 2**20 + 1),
+        "sources(size=4.0)": lambda: sources(sb, 1, size=4.0),
+        "sources(size=2, live=4)": lambda: sources(sb, 4, size=2),
+        "sample(None)": lambda: sample(None),
+        "sample(count=-1)": lambda: sample(hs.just(1), count=-1),
+        "sample(count=2.5)": lambda: sample(hs.just(1), count=2.5),
+        "examples(-5)": lambda: examples(-5),
+        "examples('x')": lambda: examples("x"),
+        "bounds(None)": lambda: bounds(None),
+        "as_source(None, [1])": lambda: as_source(None, [1]),
+        "as_source(b, 'xyz')": lambda: as_source(p.buffers[0], "xyz"),
+        "paged_kv(None, 4, 1)": lambda: paged_kv(None, 4, 1),
+        "paged_kv(p, 4, -1)": lambda: paged_kv(p, 4, -1),
+        "paged_kv(p, 4.0, 1)": lambda: paged_kv(p, 4.0, 1),
+        "task_relations(None)": lambda: task_relations(None),
+    }
+
+
+def test_argument_errors_are_typed_usage_errors(small: graphbuf.StaticBuffers) -> None:
+    """Issue 21 §2: every bad argument to graphbuf.testing is a UsageError naming the call and argument
+    (was: bare TypeError, ValueError, AttributeError or Hypothesis InvalidArgument; batches(size=4.0) drew
+    batches of size 4.0), raised when the strategy is built, before anything is drawn."""
+    from graphbuf.errors import UsageError
+
+    for name, call in _hostile_calls(small).items():
+        with pytest.raises(UsageError) as info:
+            call()
+        msg = str(info.value)
+        assert msg.startswith(name.split("(")[0] + "("), (name, msg)
+        assert len(msg) < 200, (name, msg)
+
+
+def test_a_batch_says_when_its_refresh_needs_num_reqs() -> None:
+    """Issue 21 §4: with no buffer whose rows carry the live count, a Batch holds num_reqs in ``kwargs``
+    and ``refresh(*batch, **batch.kwargs)`` accepts it; otherwise ``kwargs`` is empty."""
+    from graphbuf.testing import sample
+
+    doc = {
+        "version": 1,
+        "name": "fixed",
+        "capture": {"sizes": [2, 4]},
+        "buffers": {
+            "scale": {"dtype": "float32", "rows": 2},
+            "flags": {"dtype": "int8", "rows": "2", "keep": True},
+        },
+    }
+    sb = graphbuf.StaticBuffers(graphbuf.GraphSpec.model_validate(doc))
+    for batch in sample(batches(sb), seed=3, count=10):
+        assert batch.kwargs == {"num_reqs": batch.num_reqs} and batch.needs_num_reqs
+        with pytest.raises(graphbuf.RefreshError, match="no source determines the live request count"):
+            sb.refresh(*batch)
+        assert sb.refresh(*batch, **batch.kwargs) == batch.num_reqs
+    for bad in sample(batches(sb, rejected=True), seed=3, count=10):
+        with pytest.raises(bad.error) as info:
+            sb.refresh(*bad, **bad.kwargs)
+        assert type(info.value) is bad.error
