@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AddressChangedError",
+    "BatchFileError",
     "CaptureError",
     "ConcurrentUseError",
     "DeviceUnavailableError",
@@ -14,6 +15,7 @@ __all__ = [
     "RowsError",
     "SpecError",
     "UnknownDeviceError",
+    "UsageError",
     "WidthError",
 ]
 
@@ -24,6 +26,16 @@ class GraphbufError(Exception):
 
 class SpecError(GraphbufError, ValueError):
     """An invalid spec: the message names the file, the field path and what is allowed."""
+
+
+class UsageError(GraphbufError, ValueError):
+    """A command or call used wrongly, not a spec problem: an argument out of range, a missing file or
+    optional dependency, an unusable input file (the CLI prints ``graphbuf: usage error: ...``, exit 2)."""
+
+
+class BatchFileError(UsageError):
+    """A saved drill batch (``graphbuf drill --replay FILE``) that cannot be replayed: missing, malformed,
+    out of bounds, or with overrides the spec refuses; the message names the file and the field."""
 
 
 class PlanTooLargeError(SpecError):
