@@ -350,9 +350,13 @@ def _non_negative_int(text: str) -> int:
 
 
 def _missing_dependency(exc: ImportError) -> UsageError | None:
-    """A usage error naming the dependency ``exc`` says is missing (None: not a missing installed package)."""
-    name = (exc.name or "").partition(".")[0]
-    if not name or name == "graphbuf" or not isinstance(exc, ModuleNotFoundError):
+    """A usage error naming the dependency ``exc`` (or the error it was raised from) says is missing (None:
+    not a missing installed package)."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ModuleNotFoundError):
+        cause = cause.__cause__
+    name = ((cause.name if cause is not None else None) or "").partition(".")[0]
+    if not name or name == "graphbuf":
         return None
     return UsageError(
         f"missing dependency: the module {name!r} is not installed in {sys.prefix}; install graphbuf with "
