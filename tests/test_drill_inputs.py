@@ -218,3 +218,20 @@ def test_report_gives_the_seconds_of_each_phase(tmp_path: Path, capsys: pytest.C
                  "--json"]) == 0  # fmt: skip
     phases = json.loads(capsys.readouterr().out)["phases"]
     assert phases["import"] >= 0 and set(phases) == set(PHASES)
+
+
+def test_drill_and_padding_contract_import_each_other_one_way_only() -> None:
+    """Issue 19: no import cycle, not even inside a function: padding_contract uses the drill's session; the
+    drill (and its CLI handler) never imports padding_contract (graphbuf.cli dispatches to each)."""
+    import ast
+
+    import graphbuf.drill
+
+    tree = ast.parse(Path(graphbuf.drill.__file__).read_text(encoding="utf-8"))
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert not {m for m in imported if m and "padding_contract" in m}, imported
