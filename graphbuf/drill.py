@@ -411,15 +411,20 @@ class DrillSession:
         self._capturing: set[int] | None = None
         self._progress = progress
         if capture:
-            self._capturing = set()
-            if progress is not None:
-                progress("capture", 0, len(p.capture_sizes))
-            try:
-                self.runner.capture()
-            finally:
-                self._capturing = None
-            if progress is not None:
-                progress("capture", len(p.capture_sizes), len(p.capture_sizes))
+            self.capture()
+
+    def capture(self) -> None:
+        """Capture every size (a size that fails is reported in ``runner.stats``, and runs eagerly)."""
+        progress, n = self._progress, len(self.plan.capture_sizes)
+        self._capturing = set()
+        if progress is not None:
+            progress("capture", 0, n)
+        try:
+            self.runner.capture()
+        finally:
+            self._capturing = None
+        if progress is not None:
+            progress("capture", n, n)
 
     def step(self, step: Step) -> tuple[torch.Tensor, ...]:
         """Every task on one step (the runner's callable)."""
@@ -706,8 +711,10 @@ def run_drill(
         overrides = _blame_replay_file(spec, doc, overrides, allow_factories, replay)
     session = DrillSession(
         spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories,
-        progress=progress,
+        progress=progress, capture=False,
     )  # fmt: skip
+    saved = _batch_of(doc, session, replay) if doc is not None else None  # checked before capture
+    session.capture()
     captured = time.perf_counter() - started
     p, runner = session.plan, session.runner
     start_addresses = {s: session.buffers.addresses(s) for s in p.capture_sizes}
@@ -735,8 +742,8 @@ def run_drill(
         return out.err > tolerance
 
     first: tuple[DrillBatch, Outcome] | None = None
-    if doc is not None:
-        batch = _batch_of(doc, session, replay)  # type: ignore[arg-type]
+    if saved is not None:
+        batch = saved
         out = session.check(batch.live, batch.sources, batch.task_seed)
         record(batch, out)
         if failed(out):
