@@ -10,12 +10,13 @@ import argparse
 import json
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from graphbuf.coverage import Coverage, spec_coverage
-from graphbuf.errors import GraphbufError, SpecError
+from graphbuf.errors import DeviceUnavailableError, GraphbufError, SpecError, UsageError
 from graphbuf.factories import RouteCost
 from graphbuf.planner import Plan, plan
 from graphbuf.spec import GraphSpec, load_spec, resolve_spec_path
@@ -28,7 +29,7 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own usage errors exit 2 too, with our prefix
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"graphbuf: error: {message}\n")
+        self.exit(EXIT_USAGE, f"graphbuf: usage error: {message}\n")
 
 
 def _overrides(pairs: Sequence[str]) -> dict[str, int]:
@@ -220,7 +221,7 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
     from graphbuf.sizes import propose_sizes, render_proposal, write_sizes
 
     if args.write and not Path(args.spec).is_file():
-        raise SpecError(f"{args.spec}: --write edits a spec file; give its path (copy a shipped spec first)")
+        raise UsageError(f"{args.spec}: --write edits a spec file; give its path (copy a shipped spec first)")
     spec = load_spec(args.spec, allow_factories=args.allow_factory)
     constants = spec.constants_with(None, args.spec)
     cov = spec_coverage(spec, constants)
@@ -246,16 +247,15 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
-    try:
-        from graphbuf.drill import run_drill_cli
-    except ImportError as exc:
-        if exc.name != "hypothesis":
-            raise
-        raise SpecError(
-            "graphbuf drill draws its batches with Hypothesis, an optional dependency; install the test "
-            "extra: pip install 'graphbuf[test]'"
-        ) from None
-    return run_drill_cli(args, _overrides(args.set))
+    overrides = _overrides(args.set)
+    if args.padding_contract:
+        from graphbuf.padding_contract import run_padding_contract_cli
+
+        return run_padding_contract_cli(args, overrides)
+    started = time.perf_counter()
+    from graphbuf.drill import run_drill_cli  # torch, Hypothesis: the drill's "import" phase
+
+    return run_drill_cli(args, overrides, import_seconds=time.perf_counter() - started)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,7 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("drill", help="capture every size, replay randomized batches, compare with eager")
     spec_args(p)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "npu"))
-    p.add_argument("--replays", type=int, default=60, help="batches drawn and replayed (default 60)")
+    p.add_argument(
+        "--replays", type=int, default=None,
+        help="batches drawn and replayed (default: $GRAPHBUF_DRILL_REPLAYS, else 60)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the drawn batches (reproducible runs)")
     p.add_argument(
         "--save", metavar="FILE", help="on a mismatch, write the shrunk failing batch here (JSON; default: "
@@ -344,20 +347,46 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _missing_dependency(exc: ImportError) -> UsageError | None:
+    """A usage error naming the dependency ``exc`` (or the error it was raised from) says is missing (None:
+    not a missing installed package)."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ModuleNotFoundError):
+        cause = cause.__cause__
+    name = ((cause.name if cause is not None else None) or "").partition(".")[0]
+    if not name or name == "graphbuf":
+        return None
+    return UsageError(
+        f"missing dependency: the module {name!r} is not installed in {sys.prefix}; install graphbuf with "
+        f"its dependencies (pip install -c constraints.txt -e .) or `pip install {name}`"
+    )
+
+
+def _fail(args: argparse.Namespace, label: str, exc: Exception, code: int) -> int:
+    sep = "\n" if label == "spec error" else " "
+    print(f"graphbuf: {label}:{sep}{exc}", file=sys.stderr)
+    if getattr(args, "json", False) and (code == EXIT_USAGE or args.command != "drill"):
+        print(_dumps({"ok": False, "exit": code, "errors": str(exc).splitlines()}))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; return the exit code."""
+    """Run the CLI; return the exit code. Labels on stderr: ``spec error`` (the spec is wrong, exit 2),
+    ``usage error`` (an argument, a missing file or dependency, an unavailable device; exit 2), ``error``
+    (exit 1)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except SpecError as exc:
-        print(f"graphbuf: spec error:\n{exc}", file=sys.stderr)
-        if getattr(args, "json", False):
-            print(_dumps({"ok": False, "exit": EXIT_USAGE, "errors": str(exc).splitlines()}))
-        return EXIT_USAGE
+        return _fail(args, "spec error", exc, EXIT_USAGE)
+    except (UsageError, DeviceUnavailableError) as exc:
+        return _fail(args, "usage error", exc, EXIT_USAGE)
     except GraphbufError as exc:
-        print(f"graphbuf: error: {exc}", file=sys.stderr)
-        if getattr(args, "json", False) and args.command != "drill":
-            print(_dumps({"ok": False, "exit": EXIT_FAIL, "errors": str(exc).splitlines()}))
-        return EXIT_FAIL
+        return _fail(args, "error", exc, EXIT_FAIL)
+    except ImportError as exc:
+        missing = _missing_dependency(exc)
+        if missing is None:
+            raise
+        return _fail(args, "usage error", missing, EXIT_USAGE)
     except BrokenPipeError:  # pragma: no cover - e.g. `graphbuf plan ... | head`
         return EXIT_OK

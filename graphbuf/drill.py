@@ -38,7 +38,7 @@ from hypothesis.strategies import SearchStrategy
 
 from graphbuf.buffers import StaticBuffers
 from graphbuf.drill_options import PAGED_DECODE
-from graphbuf.errors import SpecError
+from graphbuf.errors import BatchFileError, PlanTooLargeError, SpecError, UsageError
 from graphbuf.expr import parse_expr
 from graphbuf.factories import task_strategy
 from graphbuf.graphs.graph import Graph
@@ -49,6 +49,7 @@ from graphbuf.testing import Relation, as_source, sample, sources, task_relation
 
 __all__ = [
     "OVERSIZE",
+    "PHASES",
     "DrillBatch",
     "DrillReport",
     "DrillSession",
@@ -105,6 +106,13 @@ class PagedDecodeAttention:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dtype = getattr(torch, dtype)
 
+    def bind_bytes(self, p: Plan) -> int:
+        """Bytes :meth:`bind` allocates for plan ``p`` (KV caches and the query), before it allocates them."""
+        block_size = int(p.constants.get("block_size") or 16)
+        cache = int(p.constants["num_blocks"]) * block_size * self.num_kv_heads * self.head_dim  # type: ignore[arg-type]
+        query = OVERSIZE * p.capture_sizes[-1] * self.num_heads * self.head_dim
+        return (2 * cache + query) * self.dtype.itemsize
+
     def bind(self, buffers: StaticBuffers, generator: torch.Generator) -> None:
         p = buffers.plan
         self.block_size = int(p.constants.get("block_size") or 16)
@@ -142,6 +150,14 @@ class PagedDecodeAttention:
         probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
         out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
         return out.reshape(b * self.q_len, self.num_heads, self.head_dim).to(self.dtype)
+
+
+PHASES = ("import", "capture", "draw", "refresh", "replay", "eager_reference", "compare")
+"""The drill's phases, in :attr:`DrillReport.phases`: ``import`` (torch, Hypothesis and the drill; measured by
+the CLI), ``capture`` (spec, plan, buffers, task binding, every size captured), ``draw`` (batches and task
+inputs drawn, Hypothesis' search and shrinking), ``refresh`` (the buffers refreshed before each replay),
+``replay`` (graph replays and eager fallbacks, refresh excluded), ``eager_reference`` (the tasks run eagerly
+on each raw batch), ``compare`` (replay against eager)."""
 
 
 def _finite(x: float) -> float | None:
@@ -182,6 +198,8 @@ class DrillReport:
     #: The smallest failing batch found: num_reqs, size, max_abs_error, error, saved (file), replay_command.
     failure: dict[str, Any] | None = None
     shrink_replays: int = 0
+    #: Seconds per phase (:data:`PHASES`); they add up to the run's wall time (import included).
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def ok(self) -> bool:
@@ -207,6 +225,7 @@ class DrillReport:
             "capture_failures": {str(k): v for k, v in self.capture_failures.items()},
             "runner": self.stats,
             "seconds": round(self.seconds, 2),
+            "phases": {k: round(v, 3) for k, v in self.phases.items()},
         }
 
     def render(self) -> str:
@@ -239,6 +258,10 @@ class DrillReport:
                 lines.append(f"saved to {f['saved']}")
             if f.get("replay_command"):
                 lines.append(f"replay it: {f['replay_command']}")
+        lines.append(
+            "seconds per phase: "
+            + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in self.phases.items())
+        )
         lines.append(f"{'PASS' if self.ok else 'FAIL'} in {self.seconds:.1f} s")
         return "\n".join(lines)
 
@@ -302,9 +325,59 @@ class Outcome:
     error: str | None = None
 
 
+def _spec_of(
+    spec: str | GraphSpec, overrides: Mapping[str, int] | None, allow_factories: Iterable[str]
+) -> GraphSpec:
+    if isinstance(spec, GraphSpec):
+        return spec
+    return load_spec(spec, overrides=overrides, allow_factories=allow_factories)
+
+
+@dataclass(frozen=True)
+class DrillPlan:
+    """What a drill session is built from, checked before anything is allocated: the spec (with a
+    ``num_blocks`` constant), its plan (``num_blocks`` defaulted when unset) and the unbound tasks."""
+
+    spec: GraphSpec
+    plan: Plan
+    tasks: list[Any]
+
+
+def drill_plan(
+    spec: str | GraphSpec, overrides: Mapping[str, int] | None = None, allow_factories: Iterable[str] = ()
+) -> DrillPlan:
+    """The spec, plan and tasks of a drill; :class:`PlanTooLargeError` when the slab and what the tasks'
+    ``bind`` would allocate (``task.bind_bytes(plan)``: KV caches, queries) exceed ``limits.max_bytes``."""
+    spec_obj = _spec_of(spec, overrides, allow_factories)
+    overrides = dict(overrides or {})
+    if "num_blocks" not in spec_obj.constants:
+        spec_obj = spec_obj.model_copy(update={"constants": {**spec_obj.constants, "num_blocks": None}})
+    base = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
+    if base.constants["num_blocks"] is None:
+        # Enough distinct blocks for a full-width row; requests may share blocks: no numerics change.
+        widths = [b.shape[1] for b in base.buffers if b.cols is not None]
+        overrides["num_blocks"] = max(64, min(256, max(widths, default=16)))
+    p = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
+    tasks = _build_tasks(spec_obj, p)
+    need = sum(int(t.bind_bytes(p)) for t in tasks if hasattr(t, "bind_bytes"))
+    if p.total_bytes + need > p.max_bytes:
+        where = spec if isinstance(spec, str) else spec_obj.name
+        raise PlanTooLargeError(
+            f"{where}: limits.max_bytes: the drill's tasks would allocate {need} bytes (KV caches, queries, "
+            f"outputs at num_blocks={p.constants['num_blocks']}) beside the slab's {p.total_bytes}, above "
+            "the "
+            f"limit of {p.max_bytes} bytes; lower num_blocks or raise limits.max_bytes"
+        )
+    return DrillPlan(spec_obj, p, tasks)
+
+
 class DrillSession:
     """The drill's buffers, tasks and runner for one spec, captured at every size (unless ``capture`` is
-    False); :meth:`check` replays one batch and compares it with the tasks run eagerly on the raw batch."""
+    False); :meth:`check` replays one batch and compares it with the tasks run eagerly on the raw batch.
+
+    ``progress(phase, done, total)`` is called as capture proceeds (phase ``"capture"``, sizes).
+    ``phases`` accumulates the seconds :meth:`check` spends per phase (``refresh``, ``replay``,
+    ``eager_reference``, ``compare``; see :data:`PHASES`)."""
 
     def __init__(
         self,
@@ -315,28 +388,18 @@ class DrillSession:
         overrides: Mapping[str, int] | None = None,
         allow_factories: Iterable[str] = (),
         capture: bool = True,
+        progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         Graph(device)  # DeviceUnavailableError, before any work, if the device or its runtime is missing
-        spec_obj = (
-            spec
-            if isinstance(spec, GraphSpec)
-            else load_spec(spec, overrides=overrides, allow_factories=allow_factories)
-        )
+        _check_seed("seed", seed)
         self.overrides = dict(overrides or {})  # as given (saved with a failing batch)
-        overrides = dict(self.overrides)
-        if "num_blocks" not in spec_obj.constants:
-            spec_obj = spec_obj.model_copy(update={"constants": {**spec_obj.constants, "num_blocks": None}})
-        base = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
-        if base.constants["num_blocks"] is None:
-            # Enough distinct blocks for a full-width row; requests may share blocks: no numerics change.
-            widths = [b.shape[1] for b in base.buffers if b.cols is not None]
-            overrides["num_blocks"] = max(64, min(256, max(widths, default=16)))
-        self.spec, self.seed = spec_obj, seed
-        self.plan = p = plan(spec_obj, overrides=overrides, allow_factories=allow_factories)
+        built = drill_plan(spec, self.overrides, allow_factories)
+        self.spec, self.seed, self.plan, self.tasks = built.spec, seed, built.plan, built.tasks
+        p = self.plan
+        self.phases = dict.fromkeys(PHASES[3:], 0.0)
         self.buffers = StaticBuffers(p, device)
         self.generator = torch.Generator().manual_seed(seed)
-        self.tasks = _build_tasks(spec_obj, p)
-        self.relations = _relations(spec_obj, allow_factories)
+        self.relations = _relations(built.spec, allow_factories)
         for task in self.tasks:
             task.bind(self.buffers, self.generator)
         self.max_requests = p.capture_sizes[-1] // p.tokens_per_request
@@ -345,10 +408,30 @@ class DrillSession:
         rows = [getattr(t, "output_rows", "tokens") for t in self.tasks]
         # A failed capture is reported (FAIL), not raised.
         self.runner = GraphRunner(self.buffers, self.step, output_rows=rows, on_capture_error="eager")
+        self._capturing: set[int] | None = None
+        self._progress = progress
         if capture:
+            self.capture()
+
+    def capture(self) -> None:
+        """Capture every size (a size that fails is reported in ``runner.stats``, and runs eagerly)."""
+        progress, n = self._progress, len(self.plan.capture_sizes)
+        self._capturing = set()
+        if progress is not None:
+            progress("capture", 0, n)
+        try:
             self.runner.capture()
+        finally:
+            self._capturing = None
+        if progress is not None:
+            progress("capture", n, n)
 
     def step(self, step: Step) -> tuple[torch.Tensor, ...]:
+        """Every task on one step (the runner's callable)."""
+        if self._capturing is not None and step.size not in self._capturing:
+            self._capturing.add(step.size)
+            if self._progress is not None:  # the size now being captured; the ones before it are done
+                self._progress("capture", len(self._capturing) - 1, len(self.plan.capture_sizes))
         return tuple(task(step) for task in self.tasks)
 
     def host_args(self, size: int, live: int, srcs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -369,11 +452,18 @@ class DrillSession:
         tpr = self.plan.tokens_per_request
         self.randomize(live, task_seed)
         size = self.runner.size_for(live)
+        phases, clock, refresh_s = self.phases, time.perf_counter, self.runner.stats.refresh_s
         try:
             args = self.host_args(size or live * tpr, live, srcs)
+            refreshed, t0 = refresh_s.total, clock()
             got = tuple(t.clone() for t in self.runner.run(srcs, num_reqs=live, host_args=args))
+            t1 = clock()
+            phases["refresh"] += refresh_s.total - refreshed
+            phases["replay"] += t1 - t0 - (refresh_s.total - refreshed)
             ref = _reference_views(self.buffers, srcs)
             want = self.step(Step(live * tpr, ref, None, args, live))
+            t0 = clock()
+            phases["eager_reference"] += t0 - t1
         except Exception as exc:  # a kernel fault or a rejected batch is a failure the drill reports
             return Outcome(size, math.inf, f"{type(exc).__name__}: {exc}")
         if any(g.shape != w.shape for g, w in zip(got, want)):
@@ -382,6 +472,7 @@ class DrillSession:
         err = max(
             ((g.float() - w.float()).abs().max().item() if g.numel() else 0.0) for g, w in zip(got, want)
         )
+        phases["compare"] += clock() - t0
         return Outcome(size, math.inf if math.isnan(err) else err)
 
 
@@ -447,33 +538,139 @@ def save_batch(path: str | Path, session: DrillSession, batch: DrillBatch, outco
     Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
-def load_batch(path: str | Path) -> dict[str, Any]:
-    """A saved batch file (see :func:`save_batch`); SpecError naming the file if it is not one."""
+SEED_MAX = 2**63 - 1
+"""The largest seed (``--seed``, and the seeds a saved batch holds): what a torch generator takes."""
+
+
+def _check_seed(what: str, seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise UsageError(f"{what} {seed!r}: must be an integer in [0, 2**63 - 1]")
+    return seed
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a saved batch may hold")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of the float64 range")
+    return value
+
+
+def load_batch(path: str | Path, max_bytes: int | None = None) -> dict[str, Any]:
+    """A saved batch file (see :func:`save_batch`), its top-level fields checked. :class:`BatchFileError`
+    (naming the file and the field) if it is missing, larger than ``max_bytes`` (the spec's
+    ``limits.max_bytes``), nested too deep, holds a non-finite number, or is not a batch."""
+    path = Path(path)
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"{path}: cannot read a saved drill batch: {exc}") from None
+        size = path.stat().st_size
+        if max_bytes is not None and size > max_bytes:
+            raise BatchFileError(f"{path}: {size} bytes, above limits.max_bytes ({max_bytes}): not read")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BatchFileError(f"--replay {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BatchFileError(f"{path}: cannot read a saved drill batch: {exc}") from None
+    try:
+        doc = json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
+    except RecursionError:
+        raise BatchFileError(f"{path}: not a saved drill batch: JSON nested too deep") from None
+    except ValueError as exc:
+        raise BatchFileError(f"{path}: cannot read a saved drill batch: {str(exc)[:200]}") from None
     if not isinstance(doc, dict) or doc.get("format") != BATCH_FORMAT:
-        raise SpecError(f"{path}: not a saved drill batch (expected \"format\": {BATCH_FORMAT!r})")
+        raise BatchFileError(f"{path}: not a saved drill batch (expected \"format\": {BATCH_FORMAT!r})")
     for key, kind in (("seed", int), ("device", str), ("overrides", dict), ("sources", dict)):
-        if not isinstance(doc.get(key), kind):
-            raise SpecError(f"{path}: malformed saved drill batch: {key!r} must be a {kind.__name__}")
+        if not isinstance(doc.get(key), kind) or isinstance(doc.get(key), bool):
+            raise BatchFileError(f"{path}: malformed saved drill batch: {key!r} must be a {kind.__name__}")
+    try:
+        _check_seed("seed", doc["seed"])
+    except UsageError as exc:
+        raise BatchFileError(f"{path}: {exc}") from None
+    for name, value in doc["overrides"].items():
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > SEED_MAX:
+            raise BatchFileError(
+                f"{path}: overrides.{name}: {str(value)[:40]} is not an integer within ±(2**63 - 1)"
+            )
     return doc
+
+
+def _malformed(path: str | Path, where: str, what: str) -> BatchFileError:
+    return BatchFileError(f"{path}: malformed saved drill batch: {where}: {what}")
+
+
+def _int_in(path: str | Path, what: str, value: object, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _malformed(path, what, f"{str(value)[:40]} is not an integer in [{lo}, {hi}]")
+    return value
+
+
+def _values(path: str | Path, where: str, entry: Any, dtype: str) -> np.ndarray:
+    """One saved source's values, checked: shape of non-negative ints matching the data, every value a
+    number that fits ``dtype`` (an integer dtype takes integers only)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("data"), list):
+        raise _malformed(path, where, 'expected {"dtype": ..., "shape": [...], "data": [...]}')
+    data, shape = entry["data"], entry.get("shape")
+    if not isinstance(shape, list) or not 1 <= len(shape) <= 2:
+        raise _malformed(path, f"{where}.shape", "expected a list of 1 or 2 sizes")
+    for i, n in enumerate(shape):
+        _int_in(path, f"{where}.shape[{i}]", n, 0, 2**31 - 1)
+    if math.prod(shape) != len(data):
+        raise _malformed(path, where, f"shape {shape} does not hold the {len(data)} values of data")
+    if dtype in ("bfloat16", "float16", "float32", "float64"):
+        hi_f = float(torch.finfo(getattr(torch, dtype)).max)
+        lo_f = -hi_f
+        for i, v in enumerate(data):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo_f <= v <= hi_f:
+                raise _malformed(path, f"{where}.data[{i}]", f"{str(v)[:40]} is not a {dtype} value")
+        return np.asarray(data, dtype=np.float64).reshape(shape)
+    if dtype == "bool":
+        info_lo, info_hi = 0, 1
+    else:
+        info = np.iinfo(dtype)
+        info_lo, info_hi = int(info.min), int(info.max)
+    for i, v in enumerate(data):
+        _int_in(path, f"{where}.data[{i}]", v, info_lo, info_hi)
+    return np.asarray(data, dtype=np.int64).reshape(shape)
 
 
 def _batch_of(doc: Mapping[str, Any], session: DrillSession, path: str | Path) -> DrillBatch:
     if doc.get("spec") != session.spec.name:
-        raise SpecError(f"{path}: saved from spec {doc.get('spec')!r}, not {session.spec.name!r}")
+        saved = str(doc.get("spec"))[:80]
+        raise BatchFileError(f"{path}: saved from spec {saved!r}, not {session.spec.name!r}")
+    most = OVERSIZE * session.max_requests
+    live = _int_in(path, "num_reqs", doc.get("num_reqs"), 1, most)
+    task_seed = _int_in(path, "task_seed", doc.get("task_seed"), 0, SEED_MAX)
     srcs = {}
+    for name, entry in doc["sources"].items():
+        if name not in session.plan.names:
+            raise BatchFileError(f"{path}: sources.{str(name)[:80]}: no such buffer in {session.spec.name!r}")
+        b = session.plan[name]
+        values = _values(path, f"sources.{name}", entry, b.dtype_name)
+        srcs[name] = as_source(b, values)
+    return DrillBatch(live, srcs, task_seed)
+
+
+def _blame_replay_file(
+    spec: str | GraphSpec,
+    doc: Mapping[str, Any],
+    overrides: Mapping[str, int] | None,
+    allow_factories: Iterable[str],
+    path: str | Path,
+) -> dict[str, int]:
+    """The file's overrides under the command line's; one the spec refuses is the file's error (the spec
+    without them is checked first, so the spec's own errors stay its own)."""
+    merged = {**doc["overrides"], **(overrides or {})}
+    if not doc["overrides"]:
+        return merged
     try:
-        for name, entry in doc["sources"].items():
-            if name not in session.plan.names:
-                raise SpecError(f"{path}: sources.{name}: no such buffer in {session.spec.name!r}")
-            values = np.asarray(entry["data"], dtype=np.float64 if "float" in entry["dtype"] else np.int64)
-            srcs[name] = as_source(session.plan[name], values.reshape(entry["shape"]))
-        return DrillBatch(int(doc["num_reqs"]), srcs, int(doc["task_seed"]))
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise SpecError(f"{path}: malformed saved drill batch: {type(exc).__name__}: {exc}") from None
+        drill_plan(spec, merged, allow_factories)
+    except SpecError as exc:
+        drill_plan(spec, overrides, allow_factories)  # raises if the spec (or --set) is at fault
+        shown = json.dumps(doc["overrides"])[:200]
+        raise BatchFileError(f"{path}: overrides {shown}: {exc}") from None
+    return merged
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -487,10 +684,11 @@ def run_drill(
     seed: int = 0,
     overrides: Mapping[str, int] | None = None,
     tolerance: float = 1e-4,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
     allow_factories: Iterable[str] = (),
     save: str | Path | None = None,
     replay: str | Path | None = None,
+    import_seconds: float = 0.0,
 ) -> DrillReport:
     """Run the drill and return its report (see the module docstring).
 
@@ -499,15 +697,25 @@ def run_drill(
     shrinker; its calls are counted in ``report.shrink_replays``) and, with ``save``, written there as JSON.
     ``replay``: run only the batch saved in that file, with its seed, constants and device.
     ``allow_factories``: modules whose unregistered task factories may be imported (see
-    :mod:`graphbuf.factories`)."""
+    :mod:`graphbuf.factories`). ``progress(phase, done, total)``: called as sizes are captured (phase
+    ``"capture"``) and batches replayed (``"replay"``). ``import_seconds``: what the caller spent importing
+    the drill, counted as the ``import`` phase of ``report.phases``."""
     started = time.perf_counter()
-    doc = load_batch(replay) if replay is not None else None
-    if doc is not None:
+    if isinstance(replays, bool) or not isinstance(replays, int) or replays < 0:
+        raise UsageError(f"--replays {replays!r}: must be an integer ≥ 0")
+    _check_seed("--seed", seed)
+    doc = None
+    if replay is not None:
+        doc = load_batch(replay, _spec_of(spec, overrides, allow_factories).limits.max_bytes)
         seed, device = int(doc["seed"]), str(doc["device"])
-        overrides = {**doc["overrides"], **(overrides or {})}
+        overrides = _blame_replay_file(spec, doc, overrides, allow_factories, replay)
     session = DrillSession(
-        spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories
-    )
+        spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories,
+        progress=progress, capture=False,
+    )  # fmt: skip
+    saved = _batch_of(doc, session, replay) if doc is not None else None  # checked before capture
+    session.capture()
+    captured = time.perf_counter() - started
     p, runner = session.plan, session.runner
     start_addresses = {s: session.buffers.addresses(s) for s in p.capture_sizes}
     report = DrillReport(
@@ -534,8 +742,8 @@ def run_drill(
         return out.err > tolerance
 
     first: tuple[DrillBatch, Outcome] | None = None
-    if doc is not None:
-        batch = _batch_of(doc, session, replay)  # type: ignore[arg-type]
+    if saved is not None:
+        batch = saved
         out = session.check(batch.live, batch.sources, batch.task_seed)
         record(batch, out)
         if failed(out):
@@ -550,12 +758,14 @@ def run_drill(
             bands.append(drill_batches(session, min(lo, hi), hi))
             lo = hi + 1
         sweep = list(sample(st.tuples(*bands[:replays]), seed=seed)[0]) if replays and bands else []
+        if progress is not None:
+            progress("replay", 0, replays)
         for batch in sweep:
             out = session.check(batch.live, batch.sources, batch.task_seed)
             record(batch, out)
             done += 1
             if progress is not None:
-                progress(done, replays)
+                progress("replay", done, replays)
             if first is None and failed(out):
                 first = (batch, out)
         budget = replays - done if first is None else max(replays - done, 2 * len(p.capture_sizes))
@@ -574,7 +784,11 @@ def run_drill(
         if save is not None:
             save_batch(save, session, batch, out)
     report.stats = runner.stats.as_dict()
-    report.seconds = time.perf_counter() - started
+    report.seconds = time.perf_counter() - started + import_seconds
+    phases = {"import": import_seconds, "capture": captured, **session.phases}
+    # The rest: batches drawn, Hypothesis' search and shrinking.
+    phases["draw"] = max(0.0, report.seconds - sum(phases.values()))
+    report.phases = {k: phases[k] for k in PHASES}
     return report
 
 
@@ -585,7 +799,7 @@ def _search(
     first: tuple[DrillBatch, Outcome] | None,
     failed: Callable[[Outcome], bool],
     record: Callable[[DrillBatch, Outcome], None],
-    progress: Callable[[int, int], None] | None,
+    progress: Callable[[str, int, int], None] | None,
     done: int,
     replays: int,
     report: DrillReport,
@@ -611,7 +825,7 @@ def _search(
             record(batch, out)
             count[0] += 1
             if progress is not None:
-                progress(count[0], replays)
+                progress("replay", count[0], replays)
         seen[key] = failed(out)
         if seen[key]:
             shrinking[0] = True
@@ -641,46 +855,96 @@ def _key(batch: DrillBatch) -> tuple[Any, ...]:
     return (batch.live, batch.task_seed, *((n, a.shape, a.tobytes()) for n, a in arrays))
 
 
-def run_drill_cli(args: argparse.Namespace, overrides: Mapping[str, int]) -> int:
-    """The ``graphbuf drill`` command (see :mod:`graphbuf.cli`); ``overrides`` are its parsed ``--set``."""
-    if args.replays < 0:
-        raise SpecError(f"--replays {args.replays}: must be ≥ 0")
-    if args.save is not None and not Path(args.save).resolve().parent.is_dir():
-        raise SpecError(f"--save {args.save}: no such directory to write the failing batch into")
-    if args.padding_contract:
-        from graphbuf.padding_contract import run_padding_contract
+REPLAYS_ENV = "GRAPHBUF_DRILL_REPLAYS"
+"""Environment variable: the default of ``graphbuf drill --replays`` (60 when unset)."""
+DEFAULT_REPLAYS = 60
 
-        contract = run_padding_contract(
-            args.spec, device=args.device, seed=args.seed, overrides=overrides,
-            allow_factories=args.allow_factory,
-        )  # fmt: skip
-        print(json.dumps(contract.as_dict(), indent=2) if args.json else contract.render())
-        return 0
-    tty = sys.stderr.isatty()
-    last = [0.0]
 
-    def progress(done: int, total: int) -> None:
+def default_replays() -> int:
+    """``--replays`` when not given: ``$GRAPHBUF_DRILL_REPLAYS``, else 60; UsageError if it is not an
+    integer ≥ 0."""
+    text = os.environ.get(REPLAYS_ENV)
+    if text is None or not text.strip():
+        return DEFAULT_REPLAYS
+    if not text.strip().isdigit() or len(text.strip()) > 9:
+        raise UsageError(f"{REPLAYS_ENV}={text[:40]!r}: must be an integer ≥ 0 (at most 9 digits)")
+    return int(text)
+
+
+class Progress:
+    """The drill's progress on ``stream``: on a terminal one line, rewritten in place (carriage return),
+    with the phase, the count and an ETA; otherwise a plain line at most every 5 s and at each phase's end."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.started: dict[str, float] = {}
+        self.last = 0.0
+        self.width = 0
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
         now = time.perf_counter()
-        if done == total or now - last[0] > (0.2 if tty else 5.0):
-            last[0] = now
-            end = "\n" if done == total or not tty else ""
-            print(f"\rdrill: {done}/{total} replays", end=end, file=sys.stderr, flush=True)
+        began = self.started.setdefault(phase, now)
+        final = done >= total
+        if not final and (now - self.last < (0.2 if self.tty else 5.0) or not (done or self.tty)):
+            return
+        self.last = now
+        unit = "sizes captured" if phase == "capture" else "replays"
+        line = f"drill: {done}/{total} {unit}"
+        if done and not final:
+            line += f", ETA {(now - began) / done * (total - done):.0f} s"
+        elif final:
+            line += f" in {now - began:.1f} s"
+        if self.tty:
+            self.stream.write("\r" + line.ljust(self.width))
+            self.width = len(line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
 
+    def close(self) -> None:
+        """End the terminal line (nothing otherwise)."""
+        if self.tty and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.width = 0
+
+
+def run_drill_cli(args: argparse.Namespace, overrides: Mapping[str, int], import_seconds: float = 0.0) -> int:
+    """The ``graphbuf drill`` command (see :mod:`graphbuf.cli`); ``overrides`` are its parsed ``--set``,
+    ``import_seconds`` what importing this module cost (the ``import`` phase)."""
+    replays = default_replays() if args.replays is None else args.replays
+    if replays < 0:
+        raise UsageError(f"--replays {replays}: must be ≥ 0")
+    _check_seed("--seed", args.seed)
+    if args.save is not None and not Path(args.save).resolve().parent.is_dir():
+        raise UsageError(f"--save {args.save}: no such directory to write the failing batch into")
+    if args.replay is not None and not Path(args.replay).is_file():
+        raise BatchFileError(f"--replay {args.replay}: no such file")
+    progress = Progress()
     save = args.save
     if save is None and args.replay is None:
         fd, save = tempfile.mkstemp(prefix="graphbuf-drill-", suffix=".json")
         os.close(fd)
-    report = run_drill(
-        args.spec,
-        device=args.device,
-        replays=args.replays,
-        seed=args.seed,
-        overrides=overrides,
-        progress=None if args.replay else progress,
-        allow_factories=args.allow_factory,
-        save=save if args.replay is None else None,
-        replay=args.replay,
-    )
+    try:
+        report = run_drill(
+            args.spec,
+            device=args.device,
+            replays=replays,
+            seed=args.seed,
+            overrides=overrides,
+            progress=None if args.replay else progress,
+            allow_factories=args.allow_factory,
+            save=save if args.replay is None else None,
+            replay=args.replay,
+            import_seconds=import_seconds,
+        )
+    except BaseException:
+        if args.save is None and args.replay is None:
+            os.unlink(save)
+        raise
+    finally:
+        progress.close()
     if args.save is None and args.replay is None and report.failure is None:
         os.unlink(save)  # nothing failed: no file to keep
     if report.failure is not None and args.replay is None:

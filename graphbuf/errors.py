@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AddressChangedError",
+    "BatchFileError",
     "CaptureError",
     "ConcurrentUseError",
     "DeviceUnavailableError",
@@ -30,6 +31,11 @@ class SpecError(GraphbufError, ValueError):
 class UsageError(GraphbufError, ValueError):
     """A command or call used wrongly, not a spec problem: an argument out of range, a missing file or
     optional dependency, an unusable input file (the CLI prints ``graphbuf: usage error: ...``, exit 2)."""
+
+
+class BatchFileError(UsageError):
+    """A saved drill batch (``graphbuf drill --replay FILE``) that cannot be replayed: missing, malformed,
+    out of bounds, or with overrides the spec refuses; the message names the file and the field."""
 
 
 class PlanTooLargeError(SpecError):

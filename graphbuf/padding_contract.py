@@ -10,6 +10,8 @@ same captured views (the report says so).
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from graphbuf.planner import BufferPlan
 from graphbuf.spec import DTYPES, GraphSpec
 from graphbuf.testing import bounds, sample, sources
 
-__all__ = ["PadVerdict", "PaddingContract", "run_padding_contract"]
+__all__ = ["PadVerdict", "PaddingContract", "run_padding_contract", "run_padding_contract_cli"]
 
 
 @dataclass
@@ -234,3 +236,12 @@ def run_padding_contract(
                 v.verdict, v.reason = "free", "live outputs unchanged with junk in its padded cells"
     report.verdicts = list(verdicts.values())
     return report
+
+
+def run_padding_contract_cli(args: argparse.Namespace, overrides: Mapping[str, int]) -> int:
+    """``graphbuf drill SPEC --padding-contract [--json]`` (see :mod:`graphbuf.cli`)."""
+    contract = run_padding_contract(
+        args.spec, device=args.device, seed=args.seed, overrides=overrides, allow_factories=args.allow_factory
+    )
+    print(json.dumps(contract.as_dict(), indent=2) if args.json else contract.render())
+    return 0

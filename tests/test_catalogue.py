@@ -34,6 +34,7 @@ from graphbuf.errors import (
     RefreshError,
     RowsError,
     SpecError,
+    UsageError,
     WidthError,
 )
 
@@ -184,12 +185,12 @@ CASES: list[Bad] = [
     C("cli-set-unknown-constant", SpecError, "overrides.num_blockz: unknown constant", 2, "check {spec} --set num_blockz=3"),
     C("cli-set-breaks-bounds", SpecError, "buffers.block_table.max: max -1 is below min 0", 2, "check {spec} --set num_blocks=0"),
     C("cli-drill-unknown-device", SystemExit, "argument --device: invalid choice: 'tpu'", 2, "drill {spec} --device tpu"),
-    C("cli-drill-negative-replays", SpecError, "--replays -1: must be ≥ 0", 2, "drill {spec} --replays -1"),
+    C("cli-drill-negative-replays", UsageError, "--replays -1: must be ≥ 0", 2, "drill {spec} --replays -1"),
     C("cli-drill-replays-not-int", SystemExit, "argument --replays: invalid int value: 'many'", 2, "drill {spec} --replays many"),
     C("cli-drill-seed-not-int", SystemExit, "argument --seed: invalid int value: '1.5'", 2, "drill {spec} --seed 1.5"),
-    # A device this machine lacks: a failure (exit 1) naming the device, not a traceback.
-    C("cli-drill-cuda-absent", DeviceUnavailableError, "cuda", 1, "drill {spec} --device cuda --replays 1", _CUDA),
-    C("cli-drill-npu-absent", DeviceUnavailableError, "npu", 1, "drill {spec} --device npu --replays 1", _NPU),
+    # A device this machine lacks: a usage error (exit 2) naming the device, not a traceback.
+    C("cli-drill-cuda-absent", DeviceUnavailableError, "cuda", 2, "drill {spec} --device cuda --replays 1", _CUDA),
+    C("cli-drill-npu-absent", DeviceUnavailableError, "npu", 2, "drill {spec} --device npu --replays 1", _NPU),
     C("cli-missing-spec-argument", SystemExit, "the following arguments are required: spec", 2, "check"),
     C("cli-unknown-command", SystemExit, "invalid choice: 'compile'", 2, "compile {spec}"),
     C("cli-unknown-option", SystemExit, "unrecognized arguments: --jsn", 2, "plan {spec} --jsn"),
@@ -299,6 +300,8 @@ def _check_cli_row(
         assert err.startswith("usage: graphbuf"), err
     elif issubclass(case.error, SpecError):
         assert err.startswith("graphbuf: spec error:\n"), err
+    elif issubclass(case.error, (UsageError, DeviceUnavailableError)):
+        assert err.startswith("graphbuf: usage error: "), err
     else:
         assert issubclass(case.error, GraphbufError)
         assert err.startswith("graphbuf: error:"), err

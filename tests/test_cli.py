@@ -192,7 +192,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]
     code, err = _usage_exit(capsys, *argv)
     assert code == 2
     assert "usage: graphbuf" in err
-    assert "graphbuf: error: " in err
+    assert "graphbuf: usage error: " in err
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:

@@ -227,8 +227,13 @@ class LargeHeadBinding:
 class Gemma4AttentionTask:
     """A drill task: decode or verify attention over ``layers`` full-attention layers of one KV group.
 
-    Each layer owns its paged K/V caches ``[num_blocks, block_size, Nkv, D]`` and a static output; all layers
-    share the query and the group's buffers. Returns ``[rows, layers, Nq, D]``.
+    Geometry is per rank (``num_heads`` query and ``num_kv_heads`` KV heads of ``head_dim``). Each layer owns
+    its KV cache as vLLM lays it out, one ``[2, num_blocks, block_size, Nkv, D]`` tensor, ``[0]`` K and
+    ``[1]`` V: Gemma4's ``attention_k_eq_v`` global layers share the K projection, but K is normed and
+    rotated and V only normed, so the kernels still read two different caches. ``scale`` is the softmax
+    scale (Gemma4: 1.0, q and k being RMS-normed; the spec's task options state it). Full-attention layers
+    have no sliding window. All layers share the query and the group's buffers. Returns
+    ``[rows, layers, Nq, D]``.
     """
 
     def __init__(
@@ -242,10 +247,14 @@ class Gemma4AttentionTask:
         num_kv_heads: int,
         head_dim: int,
         dtype: str = "float32",
+        scale: float = 1.0,
         verify_mode: str = "dense",
         chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
         decode_mode: str = "paged",
     ) -> None:
+        if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < math.inf):
+            raise ValueError(f"scale {scale!r}: must be a finite number > 0")
+        self.scale = float(scale)
         if mode not in ("decode", "verify"):
             raise ValueError(f"mode {mode!r}; allowed: decode, verify")
         if num_heads % num_kv_heads:
@@ -256,22 +265,34 @@ class Gemma4AttentionTask:
         self.verify_mode, self.chunk_blocks, self.decode_mode = verify_mode, chunk_blocks, decode_mode
         self.output_rows = "requests" if mode == "decode" else "tokens"
 
+    def _shapes(self, p: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(one layer's KV cache shape, the query's shape) under plan ``p``."""
+        block_size = int(p.constants["block_size"])
+        num_blocks = int(p.constants["num_blocks"])
+        tokens = p.capture_sizes[-1]
+        max_rows = OVERSIZE * (tokens if self.mode == "verify" else tokens // p.tokens_per_request)
+        kv = (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        return kv, (max_rows, self.num_heads, self.head_dim)
+
+    def bind_bytes(self, p: Any) -> int:
+        """Bytes :meth:`bind` allocates under plan ``p`` (KV caches, query, outputs), before it does."""
+        kv, query = self._shapes(p)
+        return (self.layers * (math.prod(kv) + math.prod(query)) + math.prod(query)) * self.dtype.itemsize
+
     def bind(self, buffers: StaticBuffers, generator: torch.Generator) -> None:
         p = buffers.plan
         self.binding = LargeHeadBinding(
-            group=self.group, q_len=p.tokens_per_request, head_dim=self.head_dim,
+            group=self.group, q_len=p.tokens_per_request, head_dim=self.head_dim, scale=self.scale,
             verify_mode=self.verify_mode, chunk_blocks=self.chunk_blocks, decode_mode=self.decode_mode,
         )  # fmt: skip
         self.capture_requests = {s: s // p.tokens_per_request for s in p.capture_sizes}
-        block_size = int(p.constants["block_size"])  # type: ignore[arg-type]
-        num_blocks = int(p.constants["num_blocks"])  # type: ignore[arg-type]
         dev = buffers.device
-        cache = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
-        self.key_caches = [torch.empty(cache, dtype=self.dtype, device=dev) for _ in range(self.layers)]
-        self.value_caches = [torch.empty(cache, dtype=self.dtype, device=dev) for _ in range(self.layers)]
-        tokens = p.capture_sizes[-1]
-        max_rows = OVERSIZE * (tokens if self.mode == "verify" else tokens // p.tokens_per_request)
-        self.query = torch.empty((max_rows, self.num_heads, self.head_dim), dtype=self.dtype, device=dev)
+        kv_shape, query_shape = self._shapes(p)
+        #: One [2, num_blocks, block_size, Nkv, D] tensor per layer, as vLLM allocates it: [0] K, [1] V.
+        self.kv_caches = [torch.empty(kv_shape, dtype=self.dtype, device=dev) for _ in range(self.layers)]
+        self.key_caches = [kv[0] for kv in self.kv_caches]
+        self.value_caches = [kv[1] for kv in self.kv_caches]
+        self.query = torch.empty(query_shape, dtype=self.dtype, device=dev)
         self.outs = [torch.zeros_like(self.query) for _ in range(self.layers)]
         for t in (*self.key_caches, *self.value_caches, self.query):
             _fill_randn(t, generator)

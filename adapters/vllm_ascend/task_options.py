@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from graphbuf.factories import TaskFactory
 
@@ -29,6 +29,20 @@ class _AttentionOptions(BaseModel):
     num_kv_heads: PositiveInt = Field(description="KV heads per rank (divides num_heads).")
     head_dim: PositiveInt = Field(description="Head dimension.")
     dtype: Literal["float16", "bfloat16", "float32"] = Field("float32", description="Query and KV dtype.")
+    scale: float = Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="Softmax scale, from the model definition (Gemma4: 1.0, its q and k are RMS-normed and "
+        "query_pre_attn_scalar is unused; not head_dim ** -0.5).",
+    )
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> _AttentionOptions:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads} (per rank)"
+            )
+        return self
 
 
 class DecodeTaskOptions(_AttentionOptions):
