@@ -167,10 +167,9 @@ class Committer:
         source in the slab's own storage is cloned first: an upload before its copy could change it."""
         out = []
         for p in prepared:
-            slot, n, w = p[0], p[3], p[4]
-            dev = p[2]
+            slot, n, w, dev = p.slot, p.rows, p.width, p.dev
             if dev is not None and dev.untyped_storage().data_ptr() == self._slab_storage:
-                p = (slot, p[1], dev.clone(), n, w)
+                p = p._replace(dev=dev.clone())
             i = slot.index
             end = self._ends[size][i]
             out.append((p, end, *_rectangle(slot, n, w, end, self._rows[i], self._cols[i])))
@@ -220,11 +219,11 @@ def _rectangle(slot: Slot, n: int, w: int, end: int, rows: int, cols: int) -> tu
 
 def _detached(p: Prepared, slab: np.ndarray) -> Prepared:
     """``p`` with its live host values copied out when they may lie inside ``slab``."""
-    slot, host, dev, n, w = p
+    host, n = p.host, p.rows
     if host is None or not np.may_share_memory(host, slab):
         return p
-    live = host[:n, :w] if host.ndim == 2 else host[:n]
-    return (slot, live.copy(), dev, n, w)
+    live = host[:n, : p.width] if host.ndim == 2 else host[:n]
+    return p._replace(host=live.copy())
 
 
 def _np_view(t: torch.Tensor, slot: Slot) -> np.ndarray:
