@@ -183,13 +183,17 @@ class StaticBuffers:
         rows captured at ``size``). Cost: the live cells plus the cells earlier refreshes dirtied
         (:attr:`stats`).
         """
-        with self._guard.hold("refresh()"):
+        guard = self._guard
+        guard.enter("refresh()")
+        try:
             if type(size) is not int or size not in self._views:
                 raise self.layout.size_error("refresh", size)
             if torch._C._autograd._profiler_enabled():
                 with torch.profiler.record_function("graphbuf.refresh"):
                     return self._refresh(size, sources, num_reqs, widths, strict)
             return self._refresh(size, sources, num_reqs, widths, strict)
+        finally:
+            guard.release()
 
     def _refresh(self, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
         """Prepare (every check), then commit (every write)."""

@@ -167,9 +167,9 @@ class Committer:
         source in the slab's own storage is cloned first: an upload before its copy could change it."""
         out = []
         for p in prepared:
-            slot, n, w, dev = p.slot, p.rows, p.width, p.dev
+            slot, host, dev, n, w = p
             if dev is not None and dev.untyped_storage().data_ptr() == self._slab_storage:
-                p = p._replace(dev=dev.clone())
+                p = (slot, host, dev.clone(), n, w)
             i = slot.index
             end = self._ends[size][i]
             out.append((p, end, *_rectangle(slot, n, w, end, self._rows[i], self._cols[i])))
@@ -219,11 +219,11 @@ def _rectangle(slot: Slot, n: int, w: int, end: int, rows: int, cols: int) -> tu
 
 def _detached(p: Prepared, slab: np.ndarray) -> Prepared:
     """``p`` with its live host values copied out when they may lie inside ``slab``."""
-    host, n = p.host, p.rows
+    slot, host, dev, n, w = p
     if host is None or not np.may_share_memory(host, slab):
         return p
-    live = host[:n, : p.width] if host.ndim == 2 else host[:n]
-    return p._replace(host=live.copy())
+    live = host[:n, :w] if host.ndim == 2 else host[:n]
+    return (slot, live.copy(), dev, n, w)
 
 
 def _np_view(t: torch.Tensor, slot: Slot) -> np.ndarray:
