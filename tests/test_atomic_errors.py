@@ -347,3 +347,20 @@ def test_stats_types_are_exported() -> None:
     assert isinstance(runner.stats.refresh_s, graphbuf.Durations)
     assert isinstance(runner.buffers.stats, graphbuf.RefreshStats)
     assert graphbuf.EAGER_TOO_LARGE in {graphbuf.EAGER_TOO_LARGE, graphbuf.EAGER_REFUSED}
+
+
+def test_runner_refreshes_only_through_static_buffers_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = _runner(output_rows="requests")
+    sb = runner.buffers
+    calls = []
+    real = sb.refresh
+    monkeypatch.setattr(sb, "refresh", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+
+    def elsewhere(*a: Any, **k: Any) -> None:
+        raise AssertionError("BoundSources.refresh called")
+
+    monkeypatch.setattr(graphbuf.BoundSources, "refresh", elsewhere)
+    bound = sb.bind({"block_table": np.zeros((8, 8), np.int32), "seq_lens": np.ones(8, np.int32)})
+    runner.run(_batch(3))
+    runner.run(bound, num_reqs=2)
+    assert calls == [4, 2]
