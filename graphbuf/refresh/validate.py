@@ -461,7 +461,7 @@ def requests_hint(layout: Layout, sources: Mapping[str, Any], label: str) -> int
 def _rows_of(src: Any) -> int | None:
     if isinstance(src, (np.ndarray, torch.Tensor)):
         return int(src.shape[0]) if src.ndim else None
-    if type(src) in (list, tuple):
+    if isinstance(src, (list, tuple)):
         return len(src)
     return None  # not a source of rows: the refresh names what is wrong with it
 
