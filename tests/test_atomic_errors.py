@@ -364,3 +364,27 @@ def test_runner_refreshes_only_through_static_buffers_refresh(monkeypatch: pytes
     runner.run(_batch(3))
     runner.run(bound, num_reqs=2)
     assert calls == [4, 2]
+
+
+class _Row:
+    """A row of a list source that numpy reads as a sequence; reading it puts 12345 into ``target``."""
+
+    def __init__(self, target: np.ndarray, values: list[int]) -> None:
+        self.target, self.values = target, values
+
+    def __len__(self) -> int:
+        self.target[0] = 12345
+        return len(self.values)
+
+    def __getitem__(self, i: int) -> int:
+        return self.values[i]
+
+
+def test_a_list_source_cannot_change_a_source_checked_before_it(path: str) -> None:
+    sb = _paged()
+    before = _bytes(sb)
+    lens = np.array([1, 2, 3], dtype=np.int32)
+    rows = [_Row(lens, [1] * 8) for _ in range(3)]
+    with pytest.raises(RefreshError, match=r"'seq_lens': value 12345 at index \[0\] is above max"):
+        sb.refresh(4, {"seq_lens": lens, "block_table": rows})
+    assert _bytes(sb) == before

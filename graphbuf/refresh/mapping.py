@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from graphbuf.errors import RefreshError
@@ -64,10 +65,22 @@ def prepare_mapping(
     """
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
-    prepared = [
-        check_source(layout, name, src, size, label, strict=strict, device=device)
-        for name, src in sources.items()
-    ]
+    prepared = []
+    append = prepared.append
+    other = False
+    for name, src in sources.items():
+        tp = type(src)
+        if tp is not np.ndarray and tp is not torch.Tensor:
+            other = True
+        append(check_source(layout, name, src, size, label, strict=strict, device=device))
+    if other:  # converting a list (numpy reads the objects in it) or a subclass may run code that changes a
+        # source checked before it: check the plain arrays and tensors again, after the last such code ran
+        prepared = [
+            check_source(layout, name, src, size, label, strict=strict, device=device)
+            if type(src) is np.ndarray or type(src) is torch.Tensor
+            else p
+            for p, (name, src) in zip(prepared, sources.items())
+        ]
     if len(prepared) < len(layout.required) or not layout.required.issubset(sources):
         raise layout.missing_error(label, sources)
     return prepared, live_requests(layout, prepared, size, num_reqs, label)
