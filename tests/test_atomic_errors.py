@@ -21,7 +21,6 @@ from graphbuf import (
     ArgumentError,
     CaptureError,
     Graph,
-    GraphbufError,
     GraphRunner,
     GraphSpec,
     RefreshError,
@@ -325,7 +324,7 @@ def test_host_args_are_checked_before_writing(host_args: Any, match: str) -> Non
 
 def test_run_with_an_enormous_request_count_is_a_typed_error() -> None:
     runner = _runner(output_rows="requests")
-    with pytest.raises(GraphbufError):
+    with pytest.raises(RefreshError, match=r"eager\(size=10+\): the buffers' shapes cannot be evaluated"):
         runner.run(_batch(3), num_reqs=10**30)
 
 

@@ -357,7 +357,6 @@ class GraphRunner:
         else:  # a mapping (bound sources need num_reqs): its rows give the count
             live = requests_hint(self.buffers.layout, sources, "run()")  # type: ignore[arg-type]
         kinds = _host_args(host_args)
-        rows = self._rows(live)
         size = self.size_for(live)
         reason = None
         if size is None:
@@ -367,8 +366,9 @@ class GraphRunner:
         elif size not in self._graphs:
             reason = EAGER_CAPTURE_FAILED
         if reason is not None:
-            return self._eager(sources, live, kinds, reason, widths, rows)
+            return self._eager(sources, live, kinds, reason, widths)
 
+        rows = self._rows(live)
         captured = self._graphs[size]
         checked = captured.graph.check_inputs()  # before any refresh byte is written
         captured.graph.check_reissue(kinds)
@@ -475,10 +475,11 @@ class GraphRunner:
         host_args: Mapping[str, Mapping[str, Any]],
         reason: str,
         widths: Mapping[str, int] | None,
-        rows: list[int],
     ) -> Output:
-        # Validated and padded exactly as a refresh (same errors); the captured buffers are not touched.
+        # Validated and padded exactly as a refresh (same errors; the step bounded by limits.max_bytes);
+        # the captured buffers are not touched.
         views = self.buffers.eager_inputs(live * self._tpr, sources, num_reqs=live, widths=widths)
+        rows = self._rows(live)
         self.stats.eager += 1
         self.stats.eager_reasons[reason] += 1
         return self._eager_output(Step(live * self._tpr, views, None, host_args, live), rows, live)
