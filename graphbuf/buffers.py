@@ -250,10 +250,12 @@ class StaticBuffers:
         self, label: str, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None
     ) -> tuple[list[Prepared], int]:
         strict = self.strict if strict is None else strict
-        sources = read_call(self, sources, num_reqs, widths, label)
-        if type(sources) is BoundSources:
-            return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
-        return prepare_mapping(self.layout, sources, size, num_reqs, label, strict=strict, device=self.device)
+        sources = read_call(self, sources, num_reqs, widths, label)  # a plain dict, or BoundSources
+        if type(sources) is dict:
+            return prepare_mapping(
+                self.layout, sources, size, num_reqs, label, strict=strict, device=self.device
+            )
+        return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
         """Bind persistent host ``sources`` once; refresh them with ``refresh(size, bound, num_reqs=n)``

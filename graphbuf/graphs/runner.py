@@ -334,10 +334,13 @@ class GraphRunner:
         ``sources``: a mapping as :meth:`StaticBuffers.refresh` takes, or :class:`BoundSources` bound to
         this runner's buffers; then ``num_reqs`` is required and ``widths`` gives 2-D live widths.
 
-        Raises :class:`CaptureError` before :meth:`capture`, :class:`ConcurrentUseError` while another
-        thread is inside this runner, :class:`~graphbuf.errors.LivenessError` /
-        :class:`~graphbuf.errors.AddressChangedError` (before any buffer byte is written) if a tensor the
-        graph uses was freed or moved, and :class:`RefreshError` for rejected sources.
+        Raises, before any buffer byte is written: :class:`CaptureError` before :meth:`capture`,
+        :class:`~graphbuf.errors.ConcurrentUseError` while another thread is inside this runner,
+        :class:`~graphbuf.errors.LivenessError` / :class:`~graphbuf.errors.AddressChangedError` if a tensor
+        the graph uses (or a bound source) was freed or moved, :class:`~graphbuf.errors.TaskError` for
+        ``host_args`` the captured tasks do not take, :class:`SpecError` for an ``output_rows`` rule that
+        fails, goes negative or exceeds its output's rows at this count, and
+        :class:`~graphbuf.errors.RefreshError` for rejected sources or counts.
         """
         with self._guard.hold("run()"):
             return self._run(sources, num_reqs, widths, host_args)
