@@ -17,6 +17,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "AddressChangedError": "graphbuf.errors",
+    "ArgumentError": "graphbuf.errors",
+    "TaskError": "graphbuf.errors",
     "CaptureError": "graphbuf.errors",
     "ConcurrentUseError": "graphbuf.errors",
     "LivenessError": "graphbuf.errors",
@@ -40,17 +42,27 @@ _EXPORTS = {
     "TaskKind": "graphbuf.graphs.tasks",
     "GraphRunner": "graphbuf.graphs.runner",
     "RunnerStats": "graphbuf.graphs.runner",
+    "Durations": "graphbuf.graphs.runner",
+    "EAGER_CAPTURE_FAILED": "graphbuf.graphs.runner",
+    "EAGER_REFUSED": "graphbuf.graphs.runner",
+    "EAGER_TOO_LARGE": "graphbuf.graphs.runner",
+    "RefreshStats": "graphbuf.refresh",
     "Step": "graphbuf.graphs.runner",
 }
 
 __all__ = [
+    "EAGER_CAPTURE_FAILED",
+    "EAGER_REFUSED",
+    "EAGER_TOO_LARGE",
     "AddressChangedError",
+    "ArgumentError",
     "BoundSources",
     "BufferPlan",
     "CaptureError",
     "CapturedTask",
     "ConcurrentUseError",
     "DeviceUnavailableError",
+    "Durations",
     "Graph",
     "GraphRunner",
     "GraphSpec",
@@ -59,11 +71,13 @@ __all__ = [
     "Plan",
     "PlanTooLargeError",
     "RefreshError",
+    "RefreshStats",
     "RowsError",
     "RunnerStats",
     "SpecError",
     "StaticBuffers",
     "Step",
+    "TaskError",
     "TaskKind",
     "UnknownDeviceError",
     "WidthError",
@@ -89,6 +103,7 @@ if TYPE_CHECKING:
     from graphbuf.buffers import StaticBuffers
     from graphbuf.errors import (
         AddressChangedError,
+        ArgumentError,
         CaptureError,
         ConcurrentUseError,
         DeviceUnavailableError,
@@ -98,12 +113,21 @@ if TYPE_CHECKING:
         RefreshError,
         RowsError,
         SpecError,
+        TaskError,
         UnknownDeviceError,
         WidthError,
     )
     from graphbuf.graphs.graph import Graph
-    from graphbuf.graphs.runner import GraphRunner, RunnerStats, Step
+    from graphbuf.graphs.runner import (
+        EAGER_CAPTURE_FAILED,
+        EAGER_REFUSED,
+        EAGER_TOO_LARGE,
+        Durations,
+        GraphRunner,
+        RunnerStats,
+        Step,
+    )
     from graphbuf.graphs.tasks import CapturedTask, TaskKind
     from graphbuf.planner import BufferPlan, Plan, plan
-    from graphbuf.refresh import BoundSources
+    from graphbuf.refresh import BoundSources, RefreshStats
     from graphbuf.spec import GraphSpec, load_spec

@@ -9,7 +9,6 @@ Invariants:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -18,17 +17,22 @@ import numpy as np
 import torch
 
 from graphbuf.devices import resolve_device
-from graphbuf.errors import ConcurrentUseError, RefreshError
+from graphbuf.errors import RefreshError, RowsError
+from graphbuf.exclusive import Exclusive
+from graphbuf.expr import ExprError
 from graphbuf.planner import Plan, plan
 from graphbuf.refresh import (
     BoundSources,
     Committer,
     Layout,
+    Prepared,
     RefreshStats,
     Source,
     build_eager,
+    check_num_reqs,
     count_of,
     prepare_mapping,
+    read_call,
     where,
 )
 from graphbuf.spec import GraphSpec
@@ -111,7 +115,10 @@ class StaticBuffers:
         self.layout = Layout(self.plan)
         self._labels = {s: where("refresh", s) for s in self.plan.capture_sizes}  # not formatted per call
         self._commit = Committer(self.layout, self.slab, full, staging=staging, dirty=poison)
-        self._lock = threading.Lock()
+        self._guard = Exclusive(
+            "{call}: another thread is using these StaticBuffers (or BoundSources bound to them); use one "
+            "StaticBuffers per thread or serialize the calls"
+        )
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -161,32 +168,35 @@ class StaticBuffers:
         widths: Mapping[str, int] | None = None,
         strict: bool | None = None,
     ) -> int:
-        """Write ``sources`` into the buffers captured at ``size``; return the live request count.
+        """Write ``sources`` into the buffers captured at ``size``; return the live request count. The one
+        refresh: every other way in (``BoundSources.refresh``, :class:`graphbuf.GraphRunner`) calls this.
 
         ``sources``: a mapping of buffer name to torch tensor, numpy array or list, on the host or on this
         device (every buffer not declared ``keep: true``; the live request count comes from the rows, or
-        ``num_reqs``, and all must agree); or the :class:`BoundSources` from :meth:`bind` (then
+        ``num_reqs``, and all must agree), read once; or the :class:`BoundSources` from :meth:`bind` (then
         ``num_reqs`` is required and ``widths`` gives 2-D live widths). Everything is validated first; on
-        any :class:`graphbuf.RefreshError` no byte changes.
+        any :class:`graphbuf.RefreshError` (or :class:`graphbuf.AddressChangedError` for a bound source
+        changed in place) no byte changes.
 
         After a valid refresh with n live rows and source width w: rows ``[:n, :w]`` equal the source,
         ``[:n, w:]`` and rows ``[n:]`` equal the pad value (``repeat_last``: the last live row, up to the
         rows captured at ``size``). Cost: the live cells plus the cells earlier refreshes dirtied
         (:attr:`stats`).
         """
-        if not self._lock.acquire(blocking=False):
-            raise self._busy("refresh")
+        guard = self._guard
+        guard.enter("refresh()")
         try:
+            if type(size) is not int or size not in self._views:
+                raise self.layout.size_error("refresh", size)
             if torch._C._autograd._profiler_enabled():
                 with torch.profiler.record_function("graphbuf.refresh"):
                     return self._refresh(size, sources, num_reqs, widths, strict)
             return self._refresh(size, sources, num_reqs, widths, strict)
         finally:
-            self._lock.release()
+            guard.release()
 
-    def _refresh(self, size: Any, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
-        if type(size) is not int or size not in self._views:
-            raise self.layout.size_error("refresh", size)
+    def _refresh(self, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
+        """Prepare (every check), then commit (every write)."""
         prepared, live = self._prepare(self._labels[size], size, sources, num_reqs, widths, strict)
         self._commit.write(prepared, size)
         return live
@@ -202,56 +212,60 @@ class StaticBuffers:
         """Fresh device tensors for an eager step of ``size`` tokens (above the largest capture size, or a
         size that runs eagerly), validated exactly as :meth:`refresh` validates (same errors and messages,
         labelled ``eager(size=N)``) and padded as a refresh pads. Buffers not given (``keep: true``) are
-        the largest capture's views. No byte of the slab changes."""
-        if not self._lock.acquire(blocking=False):
-            raise self._busy("eager_inputs")
-        try:
+        the largest capture's views. No byte of the slab changes. The step's tensors are bounded by the
+        spec's ``limits.max_bytes`` (checked before anything is allocated), and ``num_reqs`` by ``size``."""
+        with self._guard.hold("eager_inputs()"):
             n = count_of(size)
             if n is None or n < 1:
                 raise RefreshError(f"eager(size={size!r}): allowed: a token count >= 1")
-            prepared, _ = self._prepare(where("eager", n), n, sources, num_reqs, widths, None)
+            label = where("eager", n)
+            self._check_eager(label, n, num_reqs)
+            prepared, _ = self._prepare(label, n, sources, num_reqs, widths, None)
             out = build_eager(self.layout, prepared, n, self.device)
             largest = self._views[self.capture_sizes[-1]]
             return {name: out[name] if name in out else largest[name] for name in self.names}
-        finally:
-            self._lock.release()
+
+    def _check_eager(self, label: str, size: int, num_reqs: Any) -> None:
+        """An eager step of ``size`` tokens fits ``limits.max_bytes`` and holds ``num_reqs`` requests."""
+        limit = self.plan.max_bytes
+        try:
+            need = self.layout.eager_bytes(size, limit)
+        except ExprError as exc:
+            raise RefreshError(
+                f"{label}: the buffers' shapes cannot be evaluated at {size} tokens: {exc}"
+            ) from None
+        if need > limit:
+            raise RefreshError(
+                f"{label}: an eager step of {size} tokens needs more than limits.max_bytes ({limit} bytes) "
+                "of inputs; allowed: a step whose inputs fit the spec's limits.max_bytes"
+            )
+        cap = size // self.layout.tokens_per_request
+        n = None if num_reqs is None else check_num_reqs(num_reqs, None, label)
+        if n is not None and n > cap:
+            raise RowsError(
+                f"{label}: num_reqs={n}, but an eager step of {size} tokens holds 0..{cap} requests"
+            )
 
     def _prepare(
         self, label: str, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None
-    ) -> tuple[list, int]:
+    ) -> tuple[list[Prepared], int]:
         strict = self.strict if strict is None else strict
-        if isinstance(sources, BoundSources):
-            if sources.buffers is not self:
-                raise RefreshError(f"{label}: these bound sources belong to other StaticBuffers")
-            if num_reqs is None:
-                raise RefreshError(f"{label}: bound sources carry no row counts; pass num_reqs=")
-            return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
-        if widths is not None:
-            raise RefreshError(
-                f"{label}: widths= applies to BoundSources; a mapping's sources carry their widths"
+        sources = read_call(self, sources, num_reqs, widths, label)  # a plain dict, or BoundSources
+        if type(sources) is dict:
+            return prepare_mapping(
+                self.layout, sources, size, num_reqs, label, strict=strict, device=self.device
             )
-        return prepare_mapping(self.layout, sources, size, num_reqs, label, strict=strict, device=self.device)
+        return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
         """Bind persistent host ``sources`` once; refresh them with ``refresh(size, bound, num_reqs=n)``
         (see :mod:`graphbuf.refresh.bound`).
 
-        Each bound source must keep its address for as long as it is bound; every buffer not declared
-        ``keep: true`` must be bound.
+        Each bound source must keep its address and shape for as long as it is bound; every buffer not
+        declared ``keep: true`` must be bound.
         """
-        if not self._lock.acquire(blocking=False):
-            raise self._busy("bind")
-        try:
-            return BoundSources(self, sources)
-        finally:
-            self._lock.release()
-
-    @staticmethod
-    def _busy(op: str) -> ConcurrentUseError:
-        return ConcurrentUseError(
-            f"{op}(): another thread is using these StaticBuffers (or BoundSources bound to them); use one "
-            "StaticBuffers per thread or serialize the calls"
-        )
+        with self._guard.hold("bind()"):
+            return BoundSources(self, self.layout, sources)
 
     def __repr__(self) -> str:
         return (

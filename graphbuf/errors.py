@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AddressChangedError",
+    "ArgumentError",
     "BatchFileError",
     "CaptureError",
     "ConcurrentUseError",
@@ -14,6 +15,7 @@ __all__ = [
     "RefreshError",
     "RowsError",
     "SpecError",
+    "TaskError",
     "UnknownDeviceError",
     "UsageError",
     "WidthError",
@@ -77,3 +79,12 @@ class LivenessError(GraphbufError, RuntimeError):
 class ConcurrentUseError(GraphbufError, RuntimeError):
     """Two threads used one object that serves one caller at a time (``StaticBuffers``, ``BoundSources``,
     ``GraphRunner``); use one per thread or serialize the calls."""
+
+
+class TaskError(CaptureError, ValueError):
+    """A task kind that does not exist, or host task arguments a captured task does not take (unknown
+    names, a changed form, a non-host value); raised before anything is written or re-issued."""
+
+
+class ArgumentError(GraphbufError, TypeError):
+    """A public call got an argument of a type it does not take; the message names it and what is allowed."""

@@ -269,6 +269,15 @@ class Graph:
         """The tasks captured by :meth:`task` in the current capture, in capture order."""
         return tuple(self._tasks)
 
+    def check_reissue(self, host_args: Mapping[str, Mapping[str, Any]]) -> None:
+        """Everything :meth:`reissue` would reject, raised before anything is re-issued: per captured task
+        whose kind has entries in ``host_args``, names it was not captured with, a value of another form, a
+        non-host value (:class:`~graphbuf.errors.TaskError`)."""
+        for task in self._tasks:
+            fresh = host_args.get(str(task.kind))
+            if fresh:
+                task.check_update(**{**task.host_args, **fresh})
+
     def reissue(self, host_args: Mapping[str, Mapping[str, Any]]) -> int:
         """The per-step form of :meth:`update_tasks`: update every captured task whose kind has entries in
         ``host_args`` (``kind -> {name: value}``, possibly a subset of its names) that differ from the values
@@ -367,8 +376,9 @@ class Graph:
         ``fn`` must write its results into preallocated tensors among ``tensor_args`` (like NPU ``out=``);
         on npu it must be only the re-issued op (see :mod:`graphbuf.graphs.tasks`);
         ``host_args`` are host values (ints, floats, lists of them) baked in until
-        :meth:`CapturedTask.update`. Raises :class:`CaptureError` outside capture, ValueError for an unknown
-        kind, TypeError for a non-tensor ``tensor_args`` entry or a tensor among ``host_args``.
+        :meth:`CapturedTask.update`. Raises :class:`CaptureError` outside capture, :class:`TaskError` (a
+        ValueError) for an unknown kind, TypeError for a non-tensor ``tensor_args`` entry or a tensor among
+        ``host_args``.
         """
         task_kind = TaskKind.parse(kind)
         if not self._capturing:

@@ -1,4 +1,4 @@
-"""GraphRunner: capture a callable at every capture size, then refresh → check → update → replay.
+"""GraphRunner: capture a callable at every capture size, then check → refresh → update → replay per step.
 
 The callable reads its inputs from :class:`graphbuf.StaticBuffers` views and receives a :class:`Step`::
 
@@ -6,11 +6,15 @@ The callable reads its inputs from :class:`graphbuf.StaticBuffers` views and rec
         bt, lens = step.views["block_table.full"], step.views["seq_lens"]
         return step.task("attention", kernel, query, bt, lens, out, seq_lens_kv=...)  # see Step.task
 
-Per :meth:`GraphRunner.run`: pick the smallest capture size that fits the live batch; check, in one pass,
-that every tensor the graph uses (its buffers, task tensor arguments, and every other tensor from before
-capture it reads or writes) is alive and at its captured address, shape and stride, before any byte is
-refreshed (every replay, not a debug mode); refresh the buffers; re-issue captured tasks whose host
-arguments changed; replay; return the live output rows. Batches above the largest capture size and sizes
+Per :meth:`GraphRunner.run`, in this order: check the call's arguments (sources read once, the live request
+count, host task arguments: known kinds, names and forms the captured tasks take) and work out the live
+output rows by the ``output_rows`` rules; pick the smallest capture size that fits the live batch; check, in
+one pass, that every tensor the graph uses (its buffers, task tensor arguments, and every other tensor from
+before capture it reads or writes) is alive and at its captured address, shape and stride (every replay,
+not a debug mode); check the output rows against the captured outputs; only then refresh the buffers
+(:meth:`StaticBuffers.refresh`, which validates every source before its first write), re-issue captured
+tasks whose host arguments changed, replay, and return the live output rows. Anything rejected is
+rejected before the first byte is written. Batches above the largest capture size and sizes
 refused by first-use verification run eagerly; :class:`RunnerStats` counts every replay, fallback and
 reason. A capture that fails raises :class:`~graphbuf.errors.CaptureError` unless the runner was built with
 ``on_capture_error="eager"``.
@@ -24,21 +28,21 @@ them. Clone what you keep. A runner serves one caller at a time: a call while an
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from graphbuf.buffers import StaticBuffers
-from graphbuf.errors import CaptureError, ConcurrentUseError, RefreshError, SpecError
+from graphbuf.errors import ArgumentError, CaptureError, SpecError, TaskError
+from graphbuf.exclusive import Exclusive
 from graphbuf.expr import Expr, ExprError, parse_expr
 from graphbuf.graphs.graph import Graph
-from graphbuf.refresh import BoundSources, check_num_reqs
+from graphbuf.graphs.tasks import TaskKind
+from graphbuf.refresh import BoundSources, check_num_reqs, read_call, requests_hint
 
 __all__ = [
     "EAGER_CAPTURE_FAILED",
@@ -204,6 +208,10 @@ class GraphRunner:
         warmup: int = 2,
         on_capture_error: str = "raise",
     ) -> None:
+        if not isinstance(buffers, StaticBuffers):
+            raise ArgumentError(f"GraphRunner(buffers={type(buffers).__name__}): allowed: a StaticBuffers")
+        if not callable(fn):
+            raise ArgumentError(f"GraphRunner(fn={type(fn).__name__}): allowed: a callable taking a Step")
         if on_capture_error not in ON_CAPTURE_ERROR:
             raise ValueError(
                 f"on_capture_error={on_capture_error!r}; allowed: "
@@ -223,7 +231,11 @@ class GraphRunner:
         self._tpr = buffers.plan.tokens_per_request
         self._max_requests = buffers.capture_sizes[-1] // self._tpr
         self._capture_called = False
-        self._busy = threading.Lock()  # taken without blocking: a second caller is an error, not a waiter
+        self._guard = Exclusive(
+            "GraphRunner.{call} while another call is running on this runner (from another thread, or from "
+            "inside the captured callable); a runner's graphs, buffers and outputs serve one caller at a "
+            "time. Use one runner per thread, or serialize the calls."
+        )
 
     # ------------------------------------------------------------------------------------------------------
 
@@ -239,7 +251,7 @@ class GraphRunner:
         and ``stats.capture_failures`` holds the reason) and the other sizes still capture. Buffers should
         hold valid data (e.g. after a refresh) or their pads: capture runs the callable once per size.
         """
-        with self._exclusive("capture()"):
+        with self._guard.hold("capture()"):
             self._capture(host_args)
 
     def _capture(self, host_args: Callable[[int], Mapping[str, Mapping[str, Any]]] | None) -> None:
@@ -256,6 +268,7 @@ class GraphRunner:
                 graph = Graph(self.device)
                 with graph.capture(pool=pool):
                     output = self.fn(Step(size, views, graph, args, size // self._tpr))
+                self._check_output(output)
             except Exception as exc:
                 with torch.no_grad():
                     for name, t in self.buffers.full.items():
@@ -308,40 +321,6 @@ class GraphRunner:
         """Labels of the tensors checked before each replay of the graph captured at ``size``."""
         return self._graphs[size].graph.watched
 
-    @contextmanager
-    def _exclusive(self, call: str) -> Iterator[None]:
-        if not self._busy.acquire(blocking=False):
-            raise ConcurrentUseError(
-                f"GraphRunner.{call} while another call is running on this runner (from another thread, or "
-                "from inside the captured callable); a runner's graphs, buffers and outputs serve one caller "
-                "at a time. Use one runner per thread, or serialize the calls."
-            )
-        try:
-            yield
-        finally:
-            self._busy.release()
-
-    def _live_requests(self, sources: Mapping[str, Any] | BoundSources, num_reqs: int | None) -> int:
-        if num_reqs is not None:
-            return check_num_reqs(num_reqs, None, "run()")
-        if isinstance(sources, BoundSources):
-            raise RefreshError("run(): bound sources carry no row counts; pass num_reqs=")
-        if not isinstance(sources, Mapping):
-            raise RefreshError(
-                f"run(): sources must be a mapping or BoundSources, got {type(sources).__name__}"
-            )
-        p = self.buffers.plan
-        for name, src in sources.items():
-            if name in p.names and p[name].rows.names & {"tokens", "requests"}:
-                try:
-                    rows = len(src)
-                except TypeError:
-                    continue  # not a sequence of rows: the refresh names what is wrong with it
-                n = p.requests_for_rows(name, rows)
-                if n is not None:
-                    return n
-        raise RefreshError("run(): no source determines the live request count; pass num_reqs=")
-
     def run(
         self,
         sources: Mapping[str, Any] | BoundSources,
@@ -355,12 +334,15 @@ class GraphRunner:
         ``sources``: a mapping as :meth:`StaticBuffers.refresh` takes, or :class:`BoundSources` bound to
         this runner's buffers; then ``num_reqs`` is required and ``widths`` gives 2-D live widths.
 
-        Raises :class:`CaptureError` before :meth:`capture`, :class:`ConcurrentUseError` while another
-        thread is inside this runner, :class:`~graphbuf.errors.LivenessError` /
-        :class:`~graphbuf.errors.AddressChangedError` (before any buffer byte is written) if a tensor the
-        graph uses was freed or moved, and :class:`RefreshError` for rejected sources.
+        Raises, before any buffer byte is written: :class:`CaptureError` before :meth:`capture`,
+        :class:`~graphbuf.errors.ConcurrentUseError` while another thread is inside this runner,
+        :class:`~graphbuf.errors.LivenessError` / :class:`~graphbuf.errors.AddressChangedError` if a tensor
+        the graph uses (or a bound source) was freed or moved, :class:`~graphbuf.errors.TaskError` for
+        ``host_args`` the captured tasks do not take, :class:`SpecError` for an ``output_rows`` rule that
+        fails, goes negative or exceeds its output's rows at this count, and
+        :class:`~graphbuf.errors.RefreshError` for rejected sources or counts.
         """
-        with self._exclusive("run()"):
+        with self._guard.hold("run()"):
             return self._run(sources, num_reqs, widths, host_args)
 
     def _run(
@@ -372,15 +354,12 @@ class GraphRunner:
     ) -> Output:
         if not self._capture_called:
             raise CaptureError("run() before capture(): call runner.capture() once before the first run()")
-        bound = isinstance(sources, BoundSources)
-        if bound and sources.buffers is not self.buffers:
-            raise RefreshError("run(): these bound sources belong to other StaticBuffers than the runner's")
-        if widths is not None and not bound:
-            raise RefreshError(
-                "run(): widths= applies to BoundSources; a mapping's sources carry their widths"
-            )
-        live = self._live_requests(sources, num_reqs)
-        host_args = {str(kind): args for kind, args in (host_args or {}).items()}
+        sources = read_call(self.buffers, sources, num_reqs, widths, "run()")  # read once, here
+        if num_reqs is not None:
+            live = check_num_reqs(num_reqs, None, "run()")
+        else:  # a mapping (bound sources need num_reqs): its rows give the count
+            live = requests_hint(self.buffers.layout, sources, "run()")  # type: ignore[arg-type]
+        kinds = _host_args(host_args)
         size = self.size_for(live)
         reason = None
         if size is None:
@@ -390,63 +369,144 @@ class GraphRunner:
         elif size not in self._graphs:
             reason = EAGER_CAPTURE_FAILED
         if reason is not None:
-            return self._eager(sources, live, host_args, reason, widths)
+            return self._eager(sources, live, kinds, reason, widths)
 
+        rows = self._rows(live)
         captured = self._graphs[size]
         checked = captured.graph.check_inputs()  # before any refresh byte is written
+        captured.graph.check_reissue(kinds)
+        out = self._slice(captured.output, rows, live)
         t0 = time.perf_counter()
-        if bound:
-            sources.refresh(size, live, widths=widths)  # type: ignore[union-attr]
-        else:
-            self.buffers.refresh(size, sources, num_reqs=live)  # type: ignore[arg-type]
+        self.buffers.refresh(size, sources, num_reqs=live, widths=widths)
         self.stats.refresh_s.add(time.perf_counter() - t0)
-        self.stats.task_updates += captured.graph.reissue(host_args)
+        self.stats.task_updates += captured.graph.reissue(kinds)
         captured.graph.replay(checked=checked)  # refresh and task updates move nothing: no second pass
         self.stats.replays += 1
         self.stats.replays_by_size[size] += 1
-        out = self.live_rows(captured.output, live)
         if self.verify and not captured.verified:
             captured.verified = True
             # An eager run may write the same preallocated outputs (NPU-style out= tasks): compare a copy.
             out = _clone(out)
-            step = Step(size, self.buffers.view(size), None, host_args, live)
-            expected = self.live_rows(self.fn(step), live)
+            step = Step(size, self.buffers.view(size), None, kinds, live)
+            expected = self._eager_output(step, rows, live)
             problem = _mismatch(out, expected, self.rtol, self.atol)
             if problem is not None:
                 self.stats.refused[size] = f"first replay differs from eager: {problem}"
                 return expected
         return out
 
+    def _rows(self, live: int) -> list[int]:
+        """The live rows of each output at ``live`` requests, by the ``output_rows`` rules; a rule that
+        fails to evaluate or yields a negative count is a :class:`SpecError` naming it."""
+        rows = self._rows_memo.get(live)
+        if rows is not None:
+            return rows
+        env = {**self.buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
+        rows = []
+        for i, rule in enumerate(self._output_rows):
+            try:
+                n = rule.eval(env)
+            except ExprError as exc:
+                raise SpecError(f"GraphRunner {self._rule_name(i)} at {live} requests: {exc}") from None
+            if n < 0:
+                raise SpecError(
+                    f"GraphRunner {self._rule_name(i)} gives {n} rows at {live} requests; allowed: >= 0"
+                )
+            rows.append(n)
+        if live * self._tpr <= self.buffers.capture_sizes[-1]:  # memo bounded by the capture range
+            self._rows_memo[live] = rows
+        return rows
+
+    def _rule_name(self, i: int) -> str:
+        name = "output_rows" if len(self._output_rows) == 1 else f"output_rows[{i}]"
+        return f"{name} {self._output_rows[i].text!r}"
+
+    def _check_output(self, output: Any) -> None:
+        """What the callable returned is a tensor (>= 1-D) or a non-empty tuple of them, one rule each (or
+        one rule for all); :class:`CaptureError` otherwise. Checked at capture, once per size."""
+        outs = (output,) if isinstance(output, torch.Tensor) else output
+        if not isinstance(outs, tuple) or not outs:
+            raise CaptureError(
+                f"the callable returned {type(output).__name__}; allowed: a tensor, or a tuple of tensors "
+                "(one per output_rows rule)"
+            )
+        for i, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor) or o.dim() == 0:
+                what = "a 0-d tensor" if isinstance(o, torch.Tensor) else type(o).__name__
+                raise CaptureError(
+                    f"output {i} of the callable is {what}; allowed: a tensor with rows (>= 1-D)"
+                )
+        rules = len(self._output_rows)
+        if rules != 1 and rules != len(outs):
+            raise CaptureError(
+                f"the callable returned {len(outs)} outputs, but output_rows has {rules} rules; allowed: one "
+                "rule, or one per output"
+            )
+
+    def _slice(self, output: Output, rows: list[int], live: int) -> Output:
+        """The first ``rows`` rows of each output; a rule above an output's rows is a :class:`SpecError`."""
+        outs = (output,) if isinstance(output, torch.Tensor) else output
+        per = rows * len(outs) if len(rows) == 1 else rows
+        for i, (o, n) in enumerate(zip(outs, per)):
+            if n > o.shape[0]:
+                rule = self._rule_name(0 if len(rows) == 1 else i)
+                raise SpecError(
+                    f"GraphRunner {rule} gives {n} rows at {live} requests, but output {i} has "
+                    f"{o.shape[0]} rows"
+                )
+        if isinstance(output, torch.Tensor):
+            return output[: per[0]]
+        return tuple(o[:n] for o, n in zip(outs, per))
+
     def live_rows(self, output: Output, live: int) -> Output:
         """The first rows of each of the step function's outputs that ``live`` requests fill, by the
-        ``output_rows`` rules (views, no copy)."""
-        rows = self._rows_memo.get(live)
-        if rows is None:  # evaluated once per captured live count; eager counts (any size) each time
-            env = {**self.buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
-            rows = [rule.eval(env) for rule in self._output_rows]
-            if live * self._tpr <= self.buffers.capture_sizes[-1]:  # bounded by the capture range
-                self._rows_memo[live] = rows
-        if isinstance(output, torch.Tensor):
-            return output[: rows[0]]
-        if len(rows) == 1:
-            rows = rows * len(output)
-        if len(rows) != len(output):
-            raise ValueError(f"output_rows has {len(rows)} rules for {len(output)} outputs")
-        return tuple(o[:n] for o, n in zip(output, rows))
+        ``output_rows`` rules (views, no copy). Raises :class:`SpecError` for a rule that fails, goes
+        negative or exceeds its output's rows; :class:`CaptureError` for an output that is not a tensor
+        (or tuple of them) matching the rules."""
+        self._check_output(output)
+        return self._slice(output, self._rows(live), live)
+
+    def _eager_output(self, step: Step, rows: list[int], live: int) -> Output:
+        output = self.fn(step)
+        self._check_output(output)
+        return self._slice(output, rows, live)
 
     def _eager(
         self,
-        sources: Mapping[str, Any] | BoundSources,
+        sources: dict[str, Any] | BoundSources,
         live: int,
         host_args: Mapping[str, Mapping[str, Any]],
         reason: str,
-        widths: Mapping[str, int] | None = None,
+        widths: Mapping[str, int] | None,
     ) -> Output:
-        # Validated and padded exactly as a refresh (same errors); the captured buffers are not touched.
+        # Validated and padded exactly as a refresh (same errors; the step bounded by limits.max_bytes);
+        # the captured buffers are not touched.
         views = self.buffers.eager_inputs(live * self._tpr, sources, num_reqs=live, widths=widths)
+        rows = self._rows(live)
         self.stats.eager += 1
         self.stats.eager_reasons[reason] += 1
-        return self.live_rows(self.fn(Step(live * self._tpr, views, None, host_args, live)), live)
+        return self._eager_output(Step(live * self._tpr, views, None, host_args, live), rows, live)
+
+
+def _host_args(host_args: Any) -> dict[str, dict[str, Any]]:
+    """``run(host_args=...)`` read once and checked: a mapping of known task kind to a mapping of names."""
+    if host_args is None:
+        return {}
+    if not isinstance(host_args, Mapping):
+        raise TaskError(
+            f"run(): host_args is {type(host_args).__name__}; allowed: a mapping of task kind to "
+            "{host argument name: value}"
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for kind, args in list(host_args.items()):
+        k = TaskKind.parse(kind)
+        if not isinstance(args, Mapping):
+            raise TaskError(
+                f"run(): host_args[{kind!r}] is {type(args).__name__}; allowed: a mapping of host argument "
+                "name to value"
+            )
+        out[k.value] = dict(args.items())
+    return out
 
 
 def _parse_rows(output_rows: str | Sequence[str], constants: Mapping[str, Any]) -> tuple[Expr, ...]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from graphbuf.errors import CaptureError
+from graphbuf.errors import TaskError
 
 __all__ = [
     "CapturedTask",
@@ -63,14 +63,14 @@ class TaskKind(str, Enum):
 
     @classmethod
     def parse(cls, value: TaskKind | str) -> TaskKind:
-        """``value`` as a TaskKind; ValueError naming the allowed values otherwise."""
+        """``value`` as a TaskKind; :class:`TaskError` (a ValueError) naming the allowed values otherwise."""
         if isinstance(value, cls):
             return value
         try:
             return cls(value)
         except ValueError:
             allowed = ", ".join(repr(k.value) for k in cls)
-            raise ValueError(f"unknown task kind {value!r}; allowed: {allowed}") from None
+            raise TaskError(f"unknown task kind {value!r}; allowed: {allowed}") from None
 
     def __str__(self) -> str:
         return self.value
@@ -142,14 +142,14 @@ def _check_update(kind: TaskKind, captured: Mapping[str, object], new: Mapping[s
     missing = sorted(set(captured) - set(new))
     unknown = sorted(set(new) - set(captured))
     if missing or unknown:
-        raise CaptureError(
+        raise TaskError(
             f"task {kind.value!r} was captured with host arguments {sorted(captured)}; update() must pass "
             f"exactly those (missing: {missing}, unknown: {unknown})"
         )
     for name, value in new.items():
         old = captured[name]
         if _form(old) != _form(value):
-            raise CaptureError(
+            raise TaskError(
                 f"task {kind.value!r}: host argument {name!r} was captured as {_form(old)}, update() gave "
                 f"{_form(value)}; its form is fixed by the captured shapes (a list's length is the captured "
                 "batch size)"
@@ -213,12 +213,22 @@ class CapturedTask:
         """How many times :meth:`update` has re-issued this task."""
         return self._updates
 
+    def check_update(self, **host_args: object) -> dict[str, object]:
+        """What :meth:`update` checks, without re-issuing: ``host_args`` frozen, or :class:`TaskError`."""
+        try:
+            frozen = freeze_host_args(host_args)
+        except TypeError as exc:
+            raise TaskError(f"task {self._kind.value!r}: {exc}") from None
+        _check_update(self._kind, self._host_args, frozen)
+        return frozen
+
     def update(self, **host_args: object) -> None:
         """Re-issue the task with ``host_args``; later replays use them until the next update.
 
         The names must be exactly the captured ones, and each value keeps its captured form (None, scalar,
-        or a sequence of the same length). Raises :class:`CaptureError` otherwise, on cuda (no task
-        update), and after the graph was reset; TypeError for tensors or other non-host values.
+        or a sequence of the same length). Raises :class:`TaskError` (a :class:`CaptureError`) otherwise,
+        :class:`CaptureError` on cuda (no task update) and after the graph was reset; TypeError for tensors
+        or other non-host values.
         """
         frozen = freeze_host_args(host_args)
         _check_update(self._kind, self._host_args, frozen)

@@ -6,11 +6,12 @@ Modules, top-down:
     write (commit), with numpy as the reference and the fallback;
   * :mod:`~graphbuf.refresh.validate`: pure validation of one source (and of ``num_reqs``/``widths``);
   * :mod:`~graphbuf.refresh.commit`: staging and commit, the only code that writes buffers or the device;
-  * :mod:`~graphbuf.refresh.mapping` and :mod:`~graphbuf.refresh.bound`: the two front-ends, peers;
+  * :mod:`~graphbuf.refresh.bound` and :mod:`~graphbuf.refresh.mapping`: the two front-ends (mapping also
+    holds :func:`read_call`, the checks of a call's arguments every entry point shares);
   * :mod:`~graphbuf.refresh.eager`: fresh padded inputs for steps above the largest capture size.
 
-:class:`graphbuf.StaticBuffers` composes them; a refresh validates every source before any write, so one
-that raises changes no byte.
+:meth:`graphbuf.StaticBuffers.refresh` is the one entry point that composes them (prepare, then commit); a
+refresh validates every source before any write, so one that raises changes no byte.
 """
 
 from __future__ import annotations
@@ -19,19 +20,22 @@ from graphbuf.refresh.bound import BoundSources
 from graphbuf.refresh.commit import Committer, RefreshStats, write_live
 from graphbuf.refresh.eager import build_eager
 from graphbuf.refresh.layout import Layout, where
-from graphbuf.refresh.mapping import prepare_mapping
-from graphbuf.refresh.validate import Source, check_num_reqs, count_of
+from graphbuf.refresh.mapping import prepare_mapping, read_call
+from graphbuf.refresh.validate import Prepared, Source, check_num_reqs, count_of, requests_hint
 
 __all__ = [
     "BoundSources",
     "Committer",
     "Layout",
+    "Prepared",
     "RefreshStats",
     "Source",
     "build_eager",
     "check_num_reqs",
     "count_of",
     "prepare_mapping",
+    "read_call",
+    "requests_hint",
     "where",
     "write_live",
 ]

@@ -167,10 +167,9 @@ class Committer:
         source in the slab's own storage is cloned first: an upload before its copy could change it."""
         out = []
         for p in prepared:
-            slot, n, w = p[0], p[3], p[4]
-            dev = p[2]
+            slot, host, dev, n, w = p
             if dev is not None and dev.untyped_storage().data_ptr() == self._slab_storage:
-                p = (slot, p[1], dev.clone(), n, w)
+                p = (slot, host, dev.clone(), n, w)
             i = slot.index
             end = self._ends[size][i]
             out.append((p, end, *_rectangle(slot, n, w, end, self._rows[i], self._cols[i])))

@@ -29,6 +29,9 @@ NP_OF_TORCH: dict[torch.dtype, np.dtype] = {
     torch.float16: np.dtype(np.float16),
     torch.float32: np.dtype(np.float32),
     torch.float64: np.dtype(np.float64),
+    torch.uint16: np.dtype(np.uint16),
+    torch.uint32: np.dtype(np.uint32),
+    torch.uint64: np.dtype(np.uint64),
 }
 
 
@@ -116,6 +119,16 @@ class Layout:
             shape = self.plan.shape_at(slot.plan, size)
             cap = (shape[0], shape[1] if len(shape) > 1 else 0)
         return cap
+
+    def eager_bytes(self, size: int, limit: int) -> int:
+        """Bytes of every buffer's shape at ``size`` tokens (an eager step), summed until above ``limit``."""
+        total = 0
+        for slot in self.order:
+            rows, cols = self.capacity(slot, size)
+            total += rows * (cols or 1) * slot.itemsize
+            if total > limit:
+                break
+        return total
 
     def rows_at(self, slot: Slot, size: int, num_reqs: int) -> int:
         """The live rows of ``slot`` at ``num_reqs`` requests (its capacity if rows don't follow requests)."""
