@@ -26,6 +26,8 @@ from graphbuf.refresh import (
     Layout,
     RefreshStats,
     Source,
+    StagedBuffer,
+    StagingArea,
     build_eager,
     count_of,
     prepare_mapping,
@@ -112,6 +114,7 @@ class StaticBuffers:
         self._labels = {s: where("refresh", s) for s in self.plan.capture_sizes}  # not formatted per call
         self._commit = Committer(self.layout, self.slab, full, staging=staging, dirty=poison)
         self._lock = threading.Lock()
+        self._staging = StagingArea(self.layout, self._commit, full, self.slab, self._lock)
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -187,8 +190,14 @@ class StaticBuffers:
     def _refresh(self, size: Any, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
         if type(size) is not int or size not in self._views:
             raise self.layout.size_error("refresh", size)
-        prepared, live = self._prepare(self._labels[size], size, sources, num_reqs, widths, strict)
+        staging = self._staging
+        prepared, live = self._prepare(
+            self._labels[size], size, sources, num_reqs, widths, strict, omit=staging.names
+        )
+        staged = staging.prepare(prepared, size, live, self._labels[size]) if staging.names else None
         self._commit.write(prepared, size)
+        if staged is not None:
+            staging.apply(staged, prepared)
         return live
 
     def eager_inputs(
@@ -217,7 +226,14 @@ class StaticBuffers:
             self._lock.release()
 
     def _prepare(
-        self, label: str, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None
+        self,
+        label: str,
+        size: int,
+        sources: Any,
+        num_reqs: Any,
+        widths: Any,
+        strict: bool | None,
+        omit: frozenset[str] = frozenset(),
     ) -> tuple[list, int]:
         strict = self.strict if strict is None else strict
         if isinstance(sources, BoundSources):
@@ -230,7 +246,20 @@ class StaticBuffers:
             raise RefreshError(
                 f"{label}: widths= applies to BoundSources; a mapping's sources carry their widths"
             )
-        return prepare_mapping(self.layout, sources, size, num_reqs, label, strict=strict, device=self.device)
+        return prepare_mapping(
+            self.layout, sources, size, num_reqs, label, strict=strict, device=self.device, omit=omit
+        )
+
+    def stage(self, name: str) -> StagedBuffer:
+        """Staged writes to buffer ``name`` (set/append in a row, set/move/swap/clear rows, scatter),
+        committed by the next ``refresh(size, sources, num_reqs=n)`` that leaves ``name`` out of ``sources``:
+        only the changed cells are checked and written (see :mod:`graphbuf.refresh.staged`)."""
+        if not self._lock.acquire(blocking=False):
+            raise self._busy("stage")
+        try:
+            return self._staging.buffer(name)
+        finally:
+            self._lock.release()
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
         """Bind persistent host ``sources`` once; refresh them with ``refresh(size, bound, num_reqs=n)``

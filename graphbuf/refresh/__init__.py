@@ -7,7 +7,8 @@ Modules, top-down:
   * :mod:`~graphbuf.refresh.validate`: pure validation of one source (and of ``num_reqs``/``widths``);
   * :mod:`~graphbuf.refresh.commit`: staging and commit, the only code that writes buffers or the device;
   * :mod:`~graphbuf.refresh.mapping` and :mod:`~graphbuf.refresh.bound`: the two front-ends, peers;
-  * :mod:`~graphbuf.refresh.eager`: fresh padded inputs for steps above the largest capture size.
+  * :mod:`~graphbuf.refresh.eager`: fresh padded inputs for steps above the largest capture size;
+  * :mod:`~graphbuf.refresh.staged`: staged writes, committed by checking and writing only changed cells.
 
 :class:`graphbuf.StaticBuffers` composes them; a refresh validates every source before any write, so one
 that raises changes no byte.
@@ -20,6 +21,7 @@ from graphbuf.refresh.commit import Committer, RefreshStats, write_live
 from graphbuf.refresh.eager import build_eager
 from graphbuf.refresh.layout import Layout, where
 from graphbuf.refresh.mapping import prepare_mapping
+from graphbuf.refresh.staged import StagedBuffer, StagingArea
 from graphbuf.refresh.validate import Source, check_num_reqs, count_of
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "Layout",
     "RefreshStats",
     "Source",
+    "StagedBuffer",
+    "StagingArea",
     "build_eager",
     "check_num_reqs",
     "count_of",

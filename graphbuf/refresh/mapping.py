@@ -23,10 +23,12 @@ def prepare_mapping(
     *,
     strict: bool,
     device: torch.device,
+    omit: frozenset[str] = frozenset(),
 ) -> tuple[list[Prepared], int]:
     """Validate every source of ``sources`` at ``size`` tokens; return them prepared and the live count.
 
     ``size`` is a capture size, or (eager) any token count; then ``num_reqs`` has no upper limit.
+    ``omit``: buffers that may be left out (staged buffers, committed from their host state).
     """
     if not isinstance(sources, Mapping):
         raise RefreshError(
@@ -39,6 +41,8 @@ def prepare_mapping(
         check_source(layout, name, src, size, label, strict=strict, device=device)
         for name, src in sources.items()
     ]
-    if len(prepared) < len(layout.required) or not layout.required.issubset(sources.keys()):
+    if (len(prepared) < len(layout.required) or not layout.required.issubset(sources.keys())) and (
+        not omit or not layout.required.issubset(omit.union(sources.keys()))
+    ):
         raise layout.missing_error(label, sources.keys())
     return prepared, live_requests(layout, prepared, size, num_reqs, label)
