@@ -45,7 +45,7 @@ from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.runner import OVERSIZE, GraphRunner, Step
 from graphbuf.planner import Plan, plan
 from graphbuf.spec import GraphSpec, TaskSpec, load_spec
-from graphbuf.testing import Relation, as_source, sample, sources, task_relations
+from graphbuf.testing import Relation, as_source, sample, sources, stage_sources, task_relations
 
 __all__ = [
     "OVERSIZE",
@@ -315,7 +315,9 @@ class DrillSession:
         overrides: Mapping[str, int] | None = None,
         allow_factories: Iterable[str] = (),
         capture: bool = True,
+        staged: bool = False,
     ) -> None:
+        self.staged = staged  # replays commit staged writes (graphbuf.testing.stage_sources), not sources
         Graph(device)  # DeviceUnavailableError, before any work, if the device or its runtime is missing
         spec_obj = (
             spec
@@ -371,7 +373,8 @@ class DrillSession:
         size = self.runner.size_for(live)
         try:
             args = self.host_args(size or live * tpr, live, srcs)
-            got = tuple(t.clone() for t in self.runner.run(srcs, num_reqs=live, host_args=args))
+            run = stage_sources(self.buffers, srcs) if self.staged and size is not None else srcs
+            got = tuple(t.clone() for t in self.runner.run(run, num_reqs=live, host_args=args))
             ref = _reference_views(self.buffers, srcs)
             want = self.step(Step(live * tpr, ref, None, args, live))
         except Exception as exc:  # a kernel fault or a rejected batch is a failure the drill reports
@@ -491,6 +494,7 @@ def run_drill(
     allow_factories: Iterable[str] = (),
     save: str | Path | None = None,
     replay: str | Path | None = None,
+    staged: bool = False,
 ) -> DrillReport:
     """Run the drill and return its report (see the module docstring).
 
@@ -506,7 +510,7 @@ def run_drill(
         seed, device = int(doc["seed"]), str(doc["device"])
         overrides = {**doc["overrides"], **(overrides or {})}
     session = DrillSession(
-        spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories
+        spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories, staged=staged
     )
     p, runner = session.plan, session.runner
     start_addresses = {s: session.buffers.addresses(s) for s in p.capture_sizes}
@@ -680,6 +684,7 @@ def run_drill_cli(args: argparse.Namespace, overrides: Mapping[str, int]) -> int
         allow_factories=args.allow_factory,
         save=save if args.replay is None else None,
         replay=args.replay,
+        staged=args.staged,
     )
     if args.save is None and args.replay is None and report.failure is None:
         os.unlink(save)  # nothing failed: no file to keep

@@ -94,7 +94,8 @@ class DecodeBatch:
         self.max_len = longest
         top = p[self.tables[0]].max if self.tables else None
         self.num_blocks = int(top) + 1 if top is not None else max(64, width)
-        self._free = list(range(self.num_blocks - 1, -1, -1))
+        self._free: list[int] = []  # freed ids, reused first
+        self._fresh = 0  # ids below this were handed out
         self._next = 0
         self.lens: list[int] = []
         self.blocks: list[list[int]] = []
@@ -112,6 +113,9 @@ class DecodeBatch:
     def _block(self) -> int:
         if self._free:
             return self._free.pop()
+        if self._fresh < self.num_blocks:
+            self._fresh += 1
+            return self._fresh - 1
         self._next = (self._next + 1) % self.num_blocks  # dry: reuse (requests share blocks)
         return self._next
 

@@ -75,7 +75,8 @@ class _Mirror:
         return bool(self.runs or self.cells)
 
     def changed(self) -> np.ndarray:
-        """Every changed flat index (may repeat), as one int64 array; no Python loop over cells."""
+        """Every changed flat index (a cell staged twice appears twice), as one int64 array; no Python loop
+        over cells."""
         runs, cells = self.runs, self.cells
         parts = list(cells)
         if runs:
@@ -85,9 +86,8 @@ class _Mirror:
                 parts.append(_expand(np.array(runs, dtype=np.int64)))
         if not parts:
             return _EMPTY
-        if len(parts) == 1 and len(runs) < 2:
-            return parts[0]  # one write: no cell twice
-        return np.unique(np.concatenate(parts))  # each cell once (a cell written twice counts once)
+        # A cell staged twice is written (and counted) twice: deduplicating costs more than the write.
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _expand(runs: np.ndarray) -> np.ndarray:
@@ -405,8 +405,8 @@ class _Release:
 
 
 # One staged buffer's commit, checked and not yet written: (mirror, live rows, changed and entering flat
-# indices, their values, first cleared row, last cleared row, cleared columns, column mark after).
-_Plan = tuple[_Mirror, int, np.ndarray, np.ndarray, int, int, int, int]
+# indices (or one slice of them), their values, first and last cleared row, cleared columns, column mark).
+_Plan = tuple[_Mirror, int, np.ndarray | slice, np.ndarray, int, int, int, int]
 
 
 class StagingArea:
@@ -499,17 +499,22 @@ class StagingArea:
             if not m.pending and live == shown:
                 continue
             w = m.width
-            idx = m.changed() if m.pending else _EMPTY
             keep = min(live, shown)
-            if idx.size and (keep < m.rows):
-                idx = idx[idx < keep * w]
-            if live > shown:  # rows entering the live range: their used width
-                if m.wide:
-                    r = np.arange(shown, live, dtype=np.int64)
-                    ent = _expand(np.stack((r * w, r * w + m.lens[shown:live]), axis=1))
-                else:
-                    ent = np.arange(shown, live, dtype=np.int64)
-                idx = np.concatenate((idx, ent)) if idx.size else ent
+            idx: np.ndarray | slice
+            if live <= shown and len(m.runs) == 1 and not m.cells:  # one run, no row enters: a slice
+                a, b = m.runs[0]
+                idx = slice(a, max(a, min(b, keep * w)))
+            else:
+                idx = m.changed() if m.pending else _EMPTY
+                if idx.size and (keep < m.rows):
+                    idx = idx[idx < keep * w]
+                if live > shown:  # rows entering the live range: their used width
+                    if m.wide:
+                        r = np.arange(shown, live, dtype=np.int64)
+                        ent = _expand(np.stack((r * w, r * w + m.lens[shown:live]), axis=1))
+                    else:
+                        ent = np.arange(shown, live, dtype=np.int64)
+                    idx = np.concatenate((idx, ent)) if idx.size else ent
             vals = m.flat[idx]
             if vals.size and (slot.bounded or slot.kind == "f") and not _fits(slot, vals):
                 region = m.host[:live]
@@ -542,9 +547,9 @@ class StagingArea:
         for m, _, idx, vals, c0, c1, ccols, _ in plans:
             t = self._targets[m.slot.name]
             isz = m.slot.itemsize
-            if idx.size:
+            if vals.size:
                 t[idx] = vals
-                moved += idx.size * isz
+                moved += vals.size * isz
             if c1 > c0:
                 if m.wide:
                     t.reshape(m.rows, m.width)[c0:c1, :ccols] = m.slot.pad
@@ -565,7 +570,9 @@ class StagingArea:
             base = slot.plan.offset // isz
             bits = _INT_OF_SIZE[isz]
             ix, vx = groups.setdefault(isz, ([], []))
-            if idx.size:
+            if vals.size:
+                if type(idx) is slice:
+                    idx = np.arange(idx.start, idx.stop, dtype=np.int64)
                 ix.append(idx + base)
                 vx.append(vals.view(bits))
             if c1 > c0:
