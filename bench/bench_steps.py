@@ -94,7 +94,7 @@ def trace(
     sb: StaticBuffers, live: int, steps: int, rng: np.random.Generator
 ) -> list[tuple[int, list[Write]]]:
     """(live requests, writes) of a fill step and ``steps`` decode steps at about ``live`` requests."""
-    batch = DecodeBatch(sb)
+    batch = DecodeBatch(sb, slots="slot_mapping", offsets=QSL)
     hi = CONTEXT - TPR * (steps + 2)
     first = Step(join=tuple(int(x) for x in rng.integers(TPR, hi, live)), grow=(1,) * live)
     out = [(live, batch.advance(first))]

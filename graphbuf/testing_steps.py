@@ -11,9 +11,11 @@ sequence) and :func:`next_step` (one step from a batch's current state, for stat
 
     from graphbuf.testing import DecodeBatch, stage_writes, steps
 
-    @given(steps(buffers))
+    names = {"slots": SLOTS, "offsets": OFFSETS}  # the spec's slot-mapping and query-offset buffers
+
+    @given(steps(buffers, **names))
     def test_staged(seq):
-        batch = DecodeBatch(buffers.plan)
+        batch = DecodeBatch(buffers, **names)
         for step in seq:
             stage_writes(buffers, batch.advance(step))
             buffers.refresh(batch.size_for(), batch.sources(full_only=True), num_reqs=batch.live)
@@ -63,7 +65,8 @@ class DecodeBatch:
     """A decode batch on the host: per live row its sequence length and block ids.
 
     Names are spec names (per-group buffers get the same writes in every group); buffers the plan lacks
-    are skipped. ``query_start_loc`` (padded ``repeat_last``) is never staged: :meth:`sources` gives it.
+    are skipped. ``slots`` (KV slot per query token) and ``offsets`` (cumulative query offsets, padded
+    ``repeat_last``, never staged: :meth:`sources` gives them) have no default: the spec names them.
     """
 
     def __init__(
@@ -72,8 +75,8 @@ class DecodeBatch:
         *,
         block_table: str = "block_table",
         seq_lens: str = "seq_lens",
-        slot_mapping: str = "slot_mapping",
-        query_start_loc: str = "query_start_loc",
+        slots: str | None = None,
+        offsets: str | None = None,
         block_size: str = "block_size",
     ) -> None:
         p = _plan(buffers)
@@ -81,9 +84,9 @@ class DecodeBatch:
         self.tpr = p.tokens_per_request
         self.max_requests = p.capture_sizes[-1] // self.tpr
         self.tables = tuple(b.name for b in p.buffers if b.spec_name == block_table)
-        self.slots = tuple(b.name for b in p.buffers if b.spec_name == slot_mapping)
+        self.slots = tuple(b.name for b in p.buffers if b.spec_name == slots)
         self.lens_name = seq_lens if seq_lens in p.names else None
-        self.qsl = query_start_loc if query_start_loc in p.names else None
+        self.qsl = offsets if offsets in p.names else None
         self.block_size = int(p.constants.get(block_size) or 16)
         self._dtype = {b.name: NP_OF_TORCH[b.dtype] for b in p.buffers if b.dtype in NP_OF_TORCH}
         width = min((p[t].shape[1] for t in self.tables), default=1 << 20)
@@ -171,12 +174,12 @@ class DecodeBatch:
         if self.lens_name is not None:
             out.append((self.lens_name, "set", (0, np.array(lens, dtype=self._dtype[self.lens_name]))))
         if self.slots:
-            mapping = self.slot_mapping()
+            mapping = self.slot_map()
             for s in self.slots:
                 out.append((s, "set", (0, mapping.astype(self._dtype[s], copy=False))))
         return out
 
-    def slot_mapping(self) -> np.ndarray:
+    def slot_map(self) -> np.ndarray:
         """Per query token (k + 1 per request, the last positions of each sequence) its KV cache slot."""
         tpr, bs = self.tpr, self.block_size
         out = np.empty(self.live * tpr, dtype=np.int64)
@@ -198,7 +201,7 @@ class DecodeBatch:
                 out[t] = table
             if self.lens_name is not None:
                 out[self.lens_name] = np.array(self.lens, dtype=self._dtype[self.lens_name])
-            mapping = self.slot_mapping()
+            mapping = self.slot_map()
             for s in self.slots:
                 out[s] = mapping.astype(self._dtype[s], copy=False)
         if self.qsl is not None:

@@ -21,6 +21,7 @@ from graphbuf.testing import DecodeBatch, next_step, stage_writes
 SPEC = "gemma4-31b-it-mtp"
 OVERRIDES = {"num_blocks": 64, "block_size": 16}  # blocks of 16: a step crosses boundaries often
 KERNEL = native.KERNEL
+NAMES = {"slots": "slot_mapping", "offsets": "query_start_loc"}
 
 
 class StagedVsFull(RuleBasedStateMachine):
@@ -33,7 +34,7 @@ class StagedVsFull(RuleBasedStateMachine):
         native.KERNEL = self.kernel
         self.a = StaticBuffers(SPEC, overrides=OVERRIDES, staging=self.staging)  # staged writes
         self.b = StaticBuffers(SPEC, overrides=OVERRIDES, staging=self.staging)  # full refreshes
-        self.batch = DecodeBatch(self.a)
+        self.batch = DecodeBatch(self.a, **NAMES)
         self.stageable = [n for n in self.a.names if n != "query_start_loc"]
         self.steps = 0
 
