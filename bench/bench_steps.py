@@ -133,8 +133,8 @@ class Host:
                 continue
             w = a.shape[1]
             ln = lens[name]
-            if op == "set_row":
-                r, v = args
+            if op in ("set_row", "move_row"):  # row r becomes v (move_row: a copy of row s), the rest pad
+                r, v = args if op == "set_row" else (args[1], a[args[0], : ln[args[0]]].copy())
                 k, old = len(v), int(ln[r])
                 a[r, :k] = v
                 if old > k:
@@ -142,15 +142,6 @@ class Host:
                 ln[r] = k
                 if track:
                     runs.append((r * w, r * w + max(k, old)))
-            elif op == "move_row":
-                s, d = args
-                k, old = int(ln[s]), int(ln[d])
-                a[d, :k] = a[s, :k]
-                if old > k:
-                    a[d, k:old] = 0
-                ln[d] = k
-                if track:
-                    runs.append((d * w, d * w + max(k, old)))
             elif op == "scatter":
                 rows, vals, cols = args
                 a[rows, cols] = vals
