@@ -28,6 +28,8 @@ from graphbuf.refresh import (
     Prepared,
     RefreshStats,
     Source,
+    StagedBuffer,
+    StagingArea,
     build_eager,
     check_num_reqs,
     count_of,
@@ -119,6 +121,7 @@ class StaticBuffers:
             "{call}: another thread is using these StaticBuffers (or BoundSources bound to them); use one "
             "StaticBuffers per thread or serialize the calls"
         )
+        self._staging = StagingArea(self.layout, self._commit, full, self.slab, self._guard)
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -196,9 +199,15 @@ class StaticBuffers:
             guard.release()
 
     def _refresh(self, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
-        """Prepare (every check), then commit (every write)."""
-        prepared, live = self._prepare(self._labels[size], size, sources, num_reqs, widths, strict)
+        """Prepare (every check, staged cells included), then commit (every write)."""
+        staging = self._staging
+        prepared, live = self._prepare(
+            self._labels[size], size, sources, num_reqs, widths, strict, omit=staging.names
+        )
+        staged = staging.prepare(prepared, size, live, self._labels[size]) if staging.names else None
         self._commit.write(prepared, size)
+        if staged is not None:
+            staging.apply(staged, prepared)
         return live
 
     def eager_inputs(
@@ -247,15 +256,29 @@ class StaticBuffers:
             )
 
     def _prepare(
-        self, label: str, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None
+        self,
+        label: str,
+        size: int,
+        sources: Any,
+        num_reqs: Any,
+        widths: Any,
+        strict: bool | None,
+        omit: frozenset[str] = frozenset(),
     ) -> tuple[list[Prepared], int]:
         strict = self.strict if strict is None else strict
         sources = read_call(self, sources, num_reqs, widths, label)  # a plain dict, or BoundSources
         if type(sources) is dict:
             return prepare_mapping(
-                self.layout, sources, size, num_reqs, label, strict=strict, device=self.device
+                self.layout, sources, size, num_reqs, label, strict=strict, device=self.device, omit=omit
             )
         return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
+
+    def stage(self, name: str) -> StagedBuffer:
+        """Staged writes to buffer ``name`` (set/append in a row, set/move/swap/clear rows, scatter),
+        committed by the next ``refresh(size, sources, num_reqs=n)`` that leaves ``name`` out of ``sources``:
+        only the changed cells are checked and written (see :mod:`graphbuf.refresh.staged`)."""
+        with self._guard.hold("stage()"):
+            return self._staging.buffer(name)
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
         """Bind persistent host ``sources`` once; refresh them with ``refresh(size, bound, num_reqs=n)``

@@ -332,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--padding-contract", action="store_true",
         help="per buffer: do the tasks depend on its pad (required) or not (free)?",
     )  # fmt: skip
+    p.add_argument("--staged", action="store_true", help="replays commit staged writes, not whole sources")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_drill)
     return parser

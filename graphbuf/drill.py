@@ -45,7 +45,7 @@ from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.runner import OVERSIZE, GraphRunner, Step
 from graphbuf.planner import Plan, plan
 from graphbuf.spec import GraphSpec, TaskSpec, load_spec
-from graphbuf.testing import Relation, as_source, sample, sources, task_relations
+from graphbuf.testing import Relation, as_source, sample, sources, stage_sources, task_relations
 
 __all__ = [
     "OVERSIZE",
@@ -389,7 +389,9 @@ class DrillSession:
         allow_factories: Iterable[str] = (),
         capture: bool = True,
         progress: Callable[[str, int, int], None] | None = None,
+        staged: bool = False,
     ) -> None:
+        self.staged = staged  # replays commit staged writes (graphbuf.testing.stage_sources), not sources
         Graph(device)  # DeviceUnavailableError, before any work, if the device or its runtime is missing
         _check_seed("seed", seed)
         self.overrides = dict(overrides or {})  # as given (saved with a failing batch)
@@ -455,8 +457,9 @@ class DrillSession:
         phases, clock, refresh_s = self.phases, time.perf_counter, self.runner.stats.refresh_s
         try:
             args = self.host_args(size or live * tpr, live, srcs)
+            run = stage_sources(self.buffers, srcs) if self.staged and size is not None else srcs
             refreshed, t0 = refresh_s.total, clock()
-            got = tuple(t.clone() for t in self.runner.run(srcs, num_reqs=live, host_args=args))
+            got = tuple(t.clone() for t in self.runner.run(run, num_reqs=live, host_args=args))
             t1 = clock()
             phases["refresh"] += refresh_s.total - refreshed
             phases["replay"] += t1 - t0 - (refresh_s.total - refreshed)
@@ -689,6 +692,7 @@ def run_drill(
     save: str | Path | None = None,
     replay: str | Path | None = None,
     import_seconds: float = 0.0,
+    staged: bool = False,
 ) -> DrillReport:
     """Run the drill and return its report (see the module docstring).
 
@@ -711,7 +715,7 @@ def run_drill(
         overrides = _blame_replay_file(spec, doc, overrides, allow_factories, replay)
     session = DrillSession(
         spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories,
-        progress=progress, capture=False,
+        progress=progress, capture=False, staged=staged,
     )  # fmt: skip
     saved = _batch_of(doc, session, replay) if doc is not None else None  # checked before capture
     session.capture()
@@ -938,6 +942,7 @@ def run_drill_cli(args: argparse.Namespace, overrides: Mapping[str, int], import
             save=save if args.replay is None else None,
             replay=args.replay,
             import_seconds=import_seconds,
+            staged=args.staged,
         )
     except BaseException:
         if args.save is None and args.replay is None:

@@ -44,6 +44,7 @@ from graphbuf.errors import RefreshError, RowsError, UsageError, WidthError
 from graphbuf.factories import task_strategy
 from graphbuf.planner import BufferPlan, Plan
 from graphbuf.spec import DTYPES, GraphSpec
+from graphbuf.testing_steps import DecodeBatch, Step, next_step, stage_sources, stage_writes, steps  # noqa: F401
 
 __all__ = [
     "PROFILES",

@@ -8,7 +8,8 @@ Modules, top-down:
   * :mod:`~graphbuf.refresh.commit`: staging and commit, the only code that writes buffers or the device;
   * :mod:`~graphbuf.refresh.bound` and :mod:`~graphbuf.refresh.mapping`: the two front-ends (mapping also
     holds :func:`read_call`, the checks of a call's arguments every entry point shares);
-  * :mod:`~graphbuf.refresh.eager`: fresh padded inputs for steps above the largest capture size.
+  * :mod:`~graphbuf.refresh.eager`: fresh padded inputs for steps above the largest capture size;
+  * :mod:`~graphbuf.refresh.staged`: staged writes, committed by checking and writing only changed cells.
 
 :meth:`graphbuf.StaticBuffers.refresh` is the one entry point that composes them (prepare, then commit); a
 refresh validates every source before any write, so one that raises changes no byte.
@@ -21,6 +22,7 @@ from graphbuf.refresh.commit import Committer, RefreshStats, write_live
 from graphbuf.refresh.eager import build_eager
 from graphbuf.refresh.layout import Layout, where
 from graphbuf.refresh.mapping import prepare_mapping, read_call
+from graphbuf.refresh.staged import StagedBuffer, StagingArea
 from graphbuf.refresh.validate import Prepared, Source, check_num_reqs, count_of, requests_hint
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "Prepared",
     "RefreshStats",
     "Source",
+    "StagedBuffer",
+    "StagingArea",
     "build_eager",
     "check_num_reqs",
     "count_of",

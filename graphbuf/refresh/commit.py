@@ -142,6 +142,19 @@ class Committer:
     def stats(self) -> RefreshStats:
         return RefreshStats(self._refreshes, self._last, self._total)
 
+    def mark(self, index: int) -> tuple[int, int]:
+        """The high-water mark (rows, cols) of the buffer at slot ``index``."""
+        return self._rows[index], self._cols[index]
+
+    def set_mark(self, index: int, rows: int, cols: int) -> None:
+        """Set that mark after a write outside :meth:`write` (:mod:`~graphbuf.refresh.staged`)."""
+        self._rows[index], self._cols[index] = rows, cols
+
+    def count(self, nbytes: int) -> None:
+        """Add ``nbytes`` written outside :meth:`write` to the last refresh (call after it)."""
+        self._last += nbytes
+        self._total += nbytes
+
     def write(self, prepared: Sequence[Prepared], size: int) -> None:
         """Write every validated source at capture size ``size``. Validation is over: this never raises on
         a source."""

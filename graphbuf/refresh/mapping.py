@@ -57,11 +57,13 @@ def prepare_mapping(
     *,
     strict: bool,
     device: torch.device,
+    omit: frozenset[str] = frozenset(),
 ) -> tuple[list[Prepared], int]:
     """Validate every source of ``sources`` (as :func:`read_call` returns it) at ``size`` tokens; return
     them prepared and the live count.
 
     ``size`` is a capture size, or (eager) any token count; then ``num_reqs`` has no upper limit.
+    ``omit``: buffers that may be left out (staged buffers, committed from their host state).
     """
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
@@ -81,6 +83,8 @@ def prepare_mapping(
             else p
             for p, (name, src) in zip(prepared, sources.items())
         ]
-    if len(prepared) < len(layout.required) or not layout.required.issubset(sources):
+    if (len(prepared) < len(layout.required) or not layout.required.issubset(sources)) and (
+        not omit or not layout.required.issubset(omit.union(sources))
+    ):
         raise layout.missing_error(label, sources)
     return prepared, live_requests(layout, prepared, size, num_reqs, label)
