@@ -251,6 +251,10 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
+    if args.model is not None:  # the whole-model drill (graphbuf/model_drill, needs the `model` extra)
+        from graphbuf.model_drill import run_model_drill_cli
+
+        return run_model_drill_cli(args, _overrides(args.set))
     try:
         from graphbuf.drill import run_drill_cli
     except ImportError as exc:
@@ -332,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="per buffer: do the tasks depend on its pad (required) or not (free)?",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--model", choices=("tiny",), help="serve a whole model (MTP), compare with transformers")
     p.set_defaults(func=_cmd_drill)
     return parser
 

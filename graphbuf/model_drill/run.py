@@ -12,6 +12,7 @@ failing float32 run is shrunk (fewer requests, fewer tokens, while it still fail
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -344,7 +345,7 @@ def _shrink(session: ModelSession, scenario: Scenario, budget: int) -> tuple[Sce
             r = best.requests[i]
             if r.max_new > 1:
                 short = Request(r.prompt, r.arrival, max(1, r.max_new // 2))
-                reqs = (*best.requests[:i], short, *best.requests[i + 1:])
+                reqs = (*best.requests[:i], short, *best.requests[i + 1 :])
                 changed |= attempt(Scenario(reqs, best.draft_seed, best.accuracy))
     return best, best_run, serves
 
@@ -445,6 +446,11 @@ def load_model_batch(path: str | Path) -> dict[str, Any]:
 
 def run_model_drill_cli(args: argparse.Namespace, overrides: Mapping[str, int]) -> int:
     """``graphbuf drill SPEC --model NAME`` (:mod:`graphbuf.cli`): float32 must match; bfloat16 reported."""
+    if importlib.util.find_spec("transformers") is None:
+        raise ModuleNotFoundError(
+            "graphbuf drill --model needs transformers: pip install -c constraints.txt -e '.[model]'",
+            name="transformers",
+        )
     if overrides:
         raise SpecError(f"--model {args.model}: --set is not supported (the model spec fixes its constants)")
     save = args.save
