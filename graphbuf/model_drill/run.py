@@ -334,6 +334,11 @@ def _shrink(session: ModelSession, scenario: Scenario, budget: int) -> tuple[Sce
             return True
         return False
 
+    for i in sorted(best_run.divergences):  # most bugs show in one request served alone
+        if len(best.requests) > 1:
+            alone = Request(best.requests[i].prompt, 0, best.requests[i].max_new)
+            if attempt(Scenario((alone,), best.draft_seed, best.accuracy)):
+                break
     changed = True
     while changed and serves < budget:
         changed = False
@@ -371,7 +376,7 @@ def run_model_drill(
     scenario: Scenario | None = None,
     save: str | Path | None = None,
     replay: str | Path | None = None,
-    shrink_budget: int = 24,
+    shrink_budget: int = 12,
 ) -> ModelDrillReport:
     """Serve the tiny Gemma4 through graphbuf and compare with transformers (module docstring).
 
