@@ -105,6 +105,7 @@ class _Live:
     blocks: dict[str, list[int]]
     out: list[int]
     computed: int  # tokens whose K/V is in the cache
+    need: int  # blocks per group at its full length
     prev_seq_len: int | None = None
 
 
@@ -155,10 +156,12 @@ def serve(
             for i in [i for i in waiting if scenario.requests[i].arrival <= step]:
                 req = scenario.requests[i]
                 need = -(-(len(req.prompt) + req.max_new + k) // block_size)
-                if any(len(pools[g].free) < need for g in groups):
+                # blocks the live requests may still take
+                owed = sum(e.need - len(e.blocks["full"]) for e in live)
+                if any(len(pools[g].free) - owed < need for g in groups):
                     continue  # no room yet: it waits for blocks
                 waiting.remove(i)
-                entry = _Live(i, req, {g: [] for g in groups}, [], 0)
+                entry = _Live(i, req, {g: [] for g in groups}, [], 0, need)
                 _grow(entry, pools, len(req.prompt), block_size)
                 logits = step_fn(_prefill_step(entry, block_size, buffers.device))
                 entry.out.append(int(logits[-1].argmax()))
