@@ -149,6 +149,9 @@ class ModelSession:
             value_cache.zero_()
         largest = self.buffers.capture_sizes[-1]
         self.buffers.refresh(largest, _empty_sources(self.buffers), num_reqs=0)
+        for name in self.buffers.names:  # rows written by hand (a planted fault) are unknown to the refresh
+            pad = self.plan[name].pad
+            self.buffers.full[name].fill_(0 if pad == "repeat_last" else pad)
         result = serve(
             scenario, self.step, self.runner, refs, k=self.k, block_size=self.block_size,
             num_blocks=self.num_blocks, vocab=self.vocab, faults=self.faults,
