@@ -12,6 +12,7 @@ failing float32 run is shrunk (fewer requests, fewer tokens, while it still fail
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import os
@@ -35,7 +36,7 @@ from graphbuf.spec import GraphSpec, load_spec
 
 from .paged import FAULTS, PagedGemma4
 from .serve import Request, Scenario, ServeResult, serve
-from .tiny import build_model
+from .tiny import MODEL_CONSTANTS, build_model
 
 __all__ = [
     "MODELS",
@@ -53,6 +54,11 @@ MODELS = {"tiny": "gemma4-tiny-model"}
 MODEL_SPEC = MODELS["tiny"]
 FORMAT = "graphbuf-model-drill/1"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_Key = tuple[Any, ...]
+#: Per process: the tiny models built (sessions deep-copy them) and transformers' reference streams with
+#: their seconds, by (model constants, dtype, seed, device) and prompt; planted faults never touch either.
+_MODELS: dict[_Key, Any] = {}
+_REFERENCES: dict[_Key, dict[tuple[int, ...], tuple[list[int], float]]] = {}
 
 
 def _model_spec(spec: str, model: str) -> GraphSpec:
@@ -112,7 +118,12 @@ class ModelSession:
         self.num_blocks = 2 * self.max_seqs * -(-self.max_model_len // self.block_size)
         self.faults = faults
         self.plan = plan(_with_faults(spec, faults), overrides={"num_blocks": self.num_blocks})
-        self.model = build_model(self.plan.constants, dtype=_DTYPES[dtype], seed=model_seed, device=device)
+        key = (tuple(sorted((n, self.plan.constants[n]) for n in MODEL_CONSTANTS)), dtype, model_seed, device)
+        if key not in _MODELS:
+            c, torch_dtype = self.plan.constants, _DTYPES[dtype]
+            _MODELS[key] = build_model(c, dtype=torch_dtype, seed=model_seed, device=device)
+        self.model = copy.deepcopy(_MODELS[key])  # this session's own (its attention is switched per step)
+        self._references = _REFERENCES.setdefault(key, {})
         self.step = PagedGemma4(self.model, num_blocks=self.num_blocks, block_size=self.block_size,
                                 faults=faults)  # fmt: skip
         self.buffers = StaticBuffers(self.plan, device)
@@ -120,14 +131,14 @@ class ModelSession:
         t0 = time.perf_counter()
         self.runner.capture()
         self.capture_seconds = time.perf_counter() - t0
-        self._references: dict[tuple[int, ...], list[int]] = {}
         self.reference_seconds = 0.0
         self.reference_tokens = 0
 
     def reference(self, req: Request) -> list[int]:
-        """transformers' eager greedy generation of ``req`` (cached per prompt; longer runs serve shorter)."""
-        have = self._references.get(req.prompt)
-        if have is None or len(have) < req.max_new:
+        """transformers' eager greedy generation of ``req`` on the same weights (memoized per process by
+        model and prompt, with the seconds it took; a longer run serves a shorter one)."""
+        have, seconds = self._references.get(req.prompt, ([], 0.0))
+        if len(have) < req.max_new:
             ids = torch.tensor([req.prompt], dtype=torch.long, device=self.buffers.device)
             t0 = time.perf_counter()
             with torch.no_grad():
@@ -135,10 +146,10 @@ class ModelSession:
                     ids, attention_mask=torch.ones_like(ids), max_new_tokens=req.max_new,
                     min_new_tokens=req.max_new, do_sample=False, pad_token_id=0,
                 )  # fmt: skip
-            self.reference_seconds += time.perf_counter() - t0
-            self.reference_tokens += req.max_new
-            have = out[0, len(req.prompt) :].tolist()
-            self._references[req.prompt] = have
+            have, seconds = out[0, len(req.prompt) :].tolist(), time.perf_counter() - t0
+            self._references[req.prompt] = (have, seconds)
+        self.reference_seconds += seconds * req.max_new / len(have)
+        self.reference_tokens += req.max_new
         return have[: req.max_new]
 
     def serve(self, scenario: Scenario) -> tuple[ServeResult, dict[int, list[int]]]:
