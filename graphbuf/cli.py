@@ -248,6 +248,10 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
 
 def _cmd_drill(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
+    if args.model is not None:  # the whole-model drill (graphbuf/model_drill, needs the `model` extra)
+        from graphbuf.model_drill import run_model_drill_cli
+
+        return run_model_drill_cli(args, overrides)
     if args.padding_contract:
         from graphbuf.padding_contract import run_padding_contract_cli
 
@@ -334,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--staged", action="store_true", help="replays commit staged writes, not whole sources")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--model", choices=("tiny",), help="serve a whole model (MTP), compare with transformers")
     p.set_defaults(func=_cmd_drill)
     return parser
 
