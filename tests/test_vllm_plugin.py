@@ -39,7 +39,7 @@ import graphbuf.adapters.vllm_ascend.resolve as resolve
 import graphbuf.adapters.vllm_ascend.routed_decode as routed_decode
 import graphbuf.adapters.vllm_ascend.routing as routing
 import graphbuf.adapters.vllm_ascend.upstream as upstream
-from graphbuf.errors import GraphbufError, WidthError
+from graphbuf.errors import AddressChangedError, GraphbufError, WidthError
 from graphbuf.graphs.graph import Graph
 
 FAKE_ROOT = Path(__file__).resolve().parent / "fake_vllm_ascend"
@@ -1138,3 +1138,27 @@ def test_vllm_discovery_respects_the_disable_variable(tmp_path: Path) -> None:
     assert result["decision"].startswith(f"disabled by {plugin.DISABLE_ENV}=1")
     assert len(lines) == 1 and f"disabled by {plugin.DISABLE_ENV}=1" in lines[0]
     assert result["torch_npu"] is False
+
+
+# ------------------------------------------------------------------------- watch check before replay
+
+
+def test_a_moved_kv_cache_is_refused_by_the_next_build_before_any_refresh(av1: Any, kernels: Any) -> None:
+    """Routed paged decode captured at size 2; the layer's KV cache then replaced: the next build of that
+    size raises AddressChangedError naming the layer and key_cache, and graphbuf's buffers keep the
+    captured step's values (nothing written)."""
+    builder, runner, impl = make_builder(av1), Runner(), make_impl(av1)
+    metadata = builder.build(0, runner.common(av1, [1, 1], "DecodeOnly"))
+    set_capturing(True)
+    run_layer(av1, impl, metadata, num_tokens=2)
+    set_capturing(False)
+    route = getattr(metadata, patch.ROUTE_ATTR)
+    assert len(route.group.decodes.tasks(2)) == 1
+    before = route.block_table.clone(), route.seq_lens.clone()
+    impl.key_cache = impl.key_cache.clone()  # vLLM re-allocated this layer's cache
+    common = runner.common(av1, [1, 1], "DecodeOnly")
+    runner.block_table.add_(1)
+    runner.seq_lens.add_(3)
+    with pytest.raises(AddressChangedError, match=r"size 2: routed decode layer #0 .*key_cache moved"):
+        builder.build(0, common)
+    assert torch.equal(route.block_table, before[0]) and torch.equal(route.seq_lens, before[1])

@@ -38,7 +38,11 @@
 7. Replay updates. ``update_graph_params`` is called without routed groups' metadata (a ``Route`` with a
    ``q_len``): vllm-ascend pairs its captured task parameters with the layers it is given, and graphbuf's
    tasks are not among them. Then :func:`update_routed` re-issues the paged decode tasks of every routed
-   group in the step's metadata with the route's host KV lengths (``Route.seq_lens_host``), before replay.
+   group in the step's metadata with the route's host KV lengths (``Route.seq_lens_host``), before replay,
+   re-issuing only the tasks whose lengths changed. Before a routed size's buffers are refreshed (``build``)
+   and before its tasks are re-issued, the size's watch check runs (``RoutedDecodes.check``): a moved,
+   resized or freed tensor of a captured task raises ``AddressChangedError`` / ``LivenessError`` naming the
+   layer and the tensor, before any byte is written.
 
 Tensors handed to graphbuf's kernels are graphbuf's own captured buffers (``resolve.py``), never the
 runner's. Every upstream field is read through ``upstream.read`` (a miss raises, naming the surface entry);
@@ -202,6 +206,7 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
             )
     if size in buffers.fallbacks:
         return Route(q_len=None, reason=buffers.fallbacks[size])
+    buffers.decodes.check(size)  # the size's captured tensors unmoved, before this step writes a byte
     live = num_tokens // q_len
     host = _host_ints(read(attn_metadata, "seq_lens_list", _METADATA), live)
     capacity = kernel_block * int(buffers.buffers.plan[resolve.BLOCK_TABLE].shape[1])
@@ -291,6 +296,7 @@ def update_routed(update_stream: Any, num_tokens: int, *containers: Any) -> int:
             continue
         done.add(id(group))
         size = route.size if route.size is not None else num_tokens
+        group.decodes.check(size)
         count += group.decodes.update(size, route.seq_lens_host, update_stream)
         group.decodes.arm(size, update_stream)
     return count

@@ -23,6 +23,7 @@ from real_fixtures import (
     SLIDING_HEAD,
     SLIDING_KV_HEADS,
     SLIDING_LAYER,
+    UPDATE_FORMS,
     gemma4_specs,
     make_builder,
     make_vllm_config,
@@ -167,7 +168,7 @@ def _capture_sliding(config: Any, size: int, gen: torch.Generator) -> tuple[Any,
     return builder, impl, metadata
 
 
-@pytest.mark.parametrize("form", ["positional-0.23", "keyword-0.25.1"])
+@pytest.mark.parametrize("form", UPDATE_FORMS)
 def test_update_graph_params_pairs_only_upstream_layers(patched, form: str) -> None:
     """Capture one routed (full, 512) and one upstream (sliding) layer at size 16, then run the real task
     update: the routed layer's metadata is hidden, so vllm-ascend pairs the sliding layer with its task."""
