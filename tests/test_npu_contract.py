@@ -712,8 +712,8 @@ def test_routed_paged_decode_refuses_a_capture_its_forward_context_does_not_anno
     import types
 
     monkeypatch.setattr(
-        routed.routing,
-        "_forward_context",
+        sys.modules["vllm.forward_context"],
+        "get_forward_context",
         lambda: types.SimpleNamespace(cudagraph_runtime_mode=_Mode("FULL")),
     )
     with (
