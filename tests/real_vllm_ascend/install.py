@@ -19,7 +19,8 @@ The shared folder is ``ROOT.parent / "shared"`` (CI lays it beside the clone), o
 set; the ``main`` upstream fails loudly when its tarball is not there. The tarball is read only: pip reads it
 in place and writes nothing beside it. Idempotent: a stamp file per upstream records what was installed; a
 second run with the same pins does nothing. Run ``python tests/real_vllm_ascend/install.py [NAME ...]``
-(default: both; prints the cache paths); tests call :func:`ensure`.
+(default: both; prints the cache paths; also installs upstream's unit-test dependencies, :func:`ensure_ut`);
+tests call :func:`ensure`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ UPSTREAMS: dict[str, Upstream] = {
     ),
 }  # fmt: skip
 """The upstreams every real-module test runs against."""
+
+UT_DEPS = ROOT / ".cache" / "upstream-ut-deps"
+"""What vllm-ascend's own ``tests/ut`` conftest imports beyond an upstream's chain (``requirements-ut.txt``),
+shared by both upstreams; :func:`ensure_ut`."""
+UT_TARBALLS = {"0.23": "vllm-ascend-v0.23.0-tests-ut.tar.gz", "main": "vllm-ascend-182b75ea-tests-ut.tar.gz"}
+"""Upstream's unit tests per upstream, in the shared folder's ``upstream/``."""
 
 # Kept for callers of the one-upstream harness.
 CACHE = UPSTREAMS["0.23"].cache
@@ -142,8 +149,24 @@ def ensure(name: str = "0.23") -> Path:
     return cache
 
 
+def ensure_ut() -> Path:
+    """Install ``requirements-ut.txt`` into ``UT_DEPS`` unless its stamp says it is there; return it."""
+    stamp_file = UT_DEPS / "installed.stamp"
+    h = hashlib.sha256((HERE / "requirements-ut.txt").read_bytes())
+    stamp = f"{h.hexdigest()[:16]} {_SITE_LAYOUT} {sys.version_info[:2]}"
+    if stamp_file.exists() and stamp_file.read_text().strip() == stamp:
+        return UT_DEPS
+    if UT_DEPS.exists():
+        shutil.rmtree(UT_DEPS)
+    _pip("--no-deps", "--target", str(UT_DEPS), "-r", str(HERE / "requirements-ut.txt"))
+    stamp_file.write_text(stamp + "\n")
+    return UT_DEPS
+
+
 if __name__ == "__main__":
     for _name in sys.argv[1:] or list(UPSTREAMS):
         start = time.perf_counter()
         path = ensure(_name)
         print(f"real vllm-ascend test harness {_name}: {path} ({time.perf_counter() - start:.1f} s)")
+    start = time.perf_counter()
+    print(f"upstream unit-test dependencies: {ensure_ut()} ({time.perf_counter() - start:.1f} s)")
