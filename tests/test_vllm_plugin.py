@@ -141,6 +141,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     module.verify_attention = verify_attention  # type: ignore[attr-defined]
     module.verify_attention_blockwise = verify_attention_blockwise  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, LARGE_HEAD_MODULE, module)
+    monkeypatch.setattr(sys.modules[plugin.__package__], "large_head", module, raising=False)
     # The routed paged decode tasks call large_head through their own module.
     monkeypatch.setattr(routed_decode, "large_head", module)
     return SimpleNamespace(calls=calls, module=module)

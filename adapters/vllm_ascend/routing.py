@@ -52,11 +52,12 @@ standard library and ``upstream`` at import time.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from graphbuf.errors import RefreshError
 
 from . import upstream
 from .upstream import read
@@ -171,7 +172,7 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     seq_lens = read(common_attn_metadata, "seq_lens", _COMMON)
     if block_table is None or seq_lens is None:
         return None
-    resolve = importlib.import_module(f"{__package__}.resolve")
+    from . import resolve  # lazily: importing this module stays standard-library only
     device = read(builder, "device", _BUILDER)
     device = block_table.device if device is None else device
     kernel_block = kernel_block_size(builder, int(spec.block_size))
@@ -211,8 +212,7 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     host = _host_ints(read(attn_metadata, "seq_lens_list", _METADATA), live)
     capacity = kernel_block * int(buffers.buffers.plan[resolve.BLOCK_TABLE].shape[1])
     if host is not None and any(n < 0 or n > capacity for n in host):
-        errors = importlib.import_module("graphbuf.errors")
-        raise errors.RefreshError(
+        raise RefreshError(
             f"{resolve.SEQ_LENS}: host KV lengths {host} of capture size {size} must lie in [0, {capacity}] "
             f"(the captured block table's {capacity // kernel_block} blocks of {kernel_block}); the paged "
             "kernel would read past the table. Nothing was refreshed."
@@ -245,7 +245,7 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
         return original(impl, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
     read(sys.modules[upstream.ATTENTION_MODULE], "record_attention_compute_start",
          "record_attention_compute_start")()  # fmt: skip
-    large_head = importlib.import_module(f"{__package__}.large_head")
+    from . import large_head  # lazily: it imports torch
     num_tokens = int(query.shape[0])
     batch = num_tokens // route.q_len
     # Under a full graph the query holds the padded batch (route.size tokens): the views as they are, whose
