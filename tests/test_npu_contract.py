@@ -380,6 +380,21 @@ class _Mode:
         self.name = name
 
 
+def _fake_surface(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The rest of the upstream surface routing reads (adapters/vllm_ascend/upstream.py): the attention
+    module's backend and fence, and vLLM's forward context (always available here)."""
+    import types
+
+    attention = types.ModuleType("vllm_ascend.attention.attention_v1")
+    attention.AscendAttentionBackend = types.SimpleNamespace(get_supported_kernel_block_sizes=lambda: [])
+    attention.record_attention_compute_start = lambda: None
+    forward_context = types.ModuleType("vllm.forward_context")
+    forward_context.is_forward_context_available = lambda: True
+    forward_context.get_forward_context = lambda: types.SimpleNamespace(cudagraph_runtime_mode=None)
+    monkeypatch.setitem(sys.modules, "vllm_ascend.attention.attention_v1", attention)
+    monkeypatch.setitem(sys.modules, "vllm.forward_context", forward_context)
+
+
 class _Routed:
     """One routed KV group driven as vllm-ascend drives it: build, forward (capture), update, replay."""
 
@@ -395,6 +410,7 @@ class _Routed:
         self.context = context._EXTRA_CTX
         monkeypatch.setitem(sys.modules, "vllm_ascend", package)
         monkeypatch.setitem(sys.modules, "vllm_ascend.ascend_forward_context", context)
+        _fake_surface(monkeypatch)
         tpr = 1 + spec_tokens
         config = types.SimpleNamespace(
             compilation_config=types.SimpleNamespace(
@@ -413,7 +429,8 @@ class _Routed:
             head_size=HEAD_DIM, num_kv_heads=KV_HEADS, sliding_window=None, block_size=BLOCK
         )
         self.builder = types.SimpleNamespace(
-            vllm_config=config, kv_cache_spec=spec, device="cpu", decode_threshold=tpr
+            vllm_config=config, kv_cache_spec=spec, device="cpu", decode_threshold=tpr,
+            compilation_config=config.compilation_config,
         )
         self.impls = [
             types.SimpleNamespace(
@@ -660,6 +677,7 @@ def test_routed_attention_without_a_task_registry_reads_device_lengths(npu, monk
     context._EXTRA_CTX = types.SimpleNamespace(capturing=True)
     monkeypatch.setitem(sys.modules, "vllm_ascend", package)
     monkeypatch.setitem(sys.modules, "vllm_ascend.ascend_forward_context", context)
+    _fake_surface(monkeypatch)
 
     static = make_case([300, 5, 129], q_len, DTYPE, 16, "cpu")
     query, kc, vc, table, lens = static
@@ -694,8 +712,8 @@ def test_routed_paged_decode_refuses_a_capture_its_forward_context_does_not_anno
     import types
 
     monkeypatch.setattr(
-        routed.routing,
-        "_forward_context",
+        sys.modules["vllm.forward_context"],
+        "get_forward_context",
         lambda: types.SimpleNamespace(cudagraph_runtime_mode=_Mode("FULL")),
     )
     with (

@@ -1,8 +1,10 @@
-"""Runs ``tests/real_vllm_ascend/`` against the real vllm-ascend 0.23.0.post1 and vLLM 0.23.0.
+"""Runs ``tests/real_vllm_ascend/`` against both real upstreams: vllm-ascend 0.23.0.post1 + vLLM 0.23.0
+and vllm-ascend main 182b75ea + vLLM 0.27.1 (``install.UPSTREAMS``).
 
 The real packages go first on ``sys.path`` of a subprocess only (its own pytest run, bootstrapped by
-``tests/real_vllm_ascend/conftest.py``), never in this process. ``install.py`` installs them once into
-``.cache/real-vllm-ascend`` (git-ignored); this test installs them itself when they are missing.
+``tests/real_vllm_ascend/conftest.py`` with ``GRAPHBUF_REAL_UPSTREAM``), never in this process.
+``install.py`` installs them once into ``.cache/real-vllm-ascend[-main]`` (git-ignored); this test installs
+them itself when they are missing.
 """
 
 from __future__ import annotations
@@ -21,26 +23,33 @@ ROOT = HERE.parent
 pytestmark = pytest.mark.real_vllm_ascend
 
 
-@pytest.fixture(scope="module")
-def installed() -> None:
+UPSTREAMS = ("0.23", "main")
+"""``install.UPSTREAMS`` keys (the harness module is imported only inside the fixture)."""
+
+
+@pytest.fixture(scope="module", params=UPSTREAMS)
+def installed(request: pytest.FixtureRequest) -> str:
     sys.path.insert(0, str(REAL))
     try:
         import install
 
-        install.ensure()
+        assert tuple(install.UPSTREAMS) == UPSTREAMS
+        install.ensure(request.param)
     finally:
         sys.path.remove(str(REAL))
+    return request.param
 
 
 @pytest.mark.parametrize("module", sorted(p.name for p in REAL.glob("test_real_*.py")))
-def test_real_module(installed: None, module: str) -> None:
+def test_real_module(installed: str, module: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_PLUGINS="", GRAPHBUF_REAL_VLLM_ASCEND="1")
+    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_PLUGINS="", GRAPHBUF_REAL_VLLM_ASCEND="1",
+               GRAPHBUF_REAL_UPSTREAM=installed)  # fmt: skip
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
            "--rootdir", str(REAL), str(REAL / module)]  # fmt: skip
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     tail = (result.stdout + result.stderr)[-12000:]
-    assert result.returncode == 0, f"{module} against the real vllm-ascend failed:\n{tail}"
+    assert result.returncode == 0, f"{module} against the real vllm-ascend {installed} failed:\n{tail}"
     assert " passed" in result.stdout and " failed" not in result.stdout, tail
 
 

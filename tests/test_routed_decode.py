@@ -13,6 +13,7 @@ the rule-enforcing torch_npu stand-in: ``tests/test_npu_contract.py`` (routed pr
 from __future__ import annotations
 
 import contextlib
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +21,8 @@ import pytest
 import torch
 
 from graphbuf.adapters.vllm_ascend import kernels, large_head, routed_decode
+from graphbuf.errors import AddressChangedError, LivenessError
+from graphbuf.graphs.tasks import TaskKind
 
 BS, KV, NQ, D, BLOCKS = 16, 2, 4, 64, 12
 
@@ -193,3 +196,69 @@ def test_npu_task_group_holds_one_kernel_call_and_updates_reissue_it(monkeypatch
     assert [name for name, _ in rec.log] == ["stream.wait_stream", "event.record"]
     decodes.replay(3)  # device tasks replay inside the device graph: nothing runs here
     assert [name for name, _ in rec.log] == ["stream.wait_stream", "event.record"]
+
+
+class _Layer:
+    """What the watch check reads of a routed layer: vllm-ascend's ``key_cache`` / ``value_cache``."""
+
+    def __init__(self, kc: torch.Tensor, vc: torch.Tensor) -> None:
+        self.key_cache, self.value_cache = kc, vc
+
+
+def _captured(lens: list[int]) -> tuple[routed_decode.RoutedDecodes, _Layer, tuple[torch.Tensor, ...]]:
+    decodes = routed_decode.RoutedDecodes()
+    query, kc, vc, table, seq = _case(lens)
+    layer = _Layer(kc, vc)
+    out = torch.zeros_like(query)
+    decodes.run(layer, 3, True, query, kc, vc, table, seq, lens, D**-0.5, out)
+    return decodes, layer, (query, kc, vc, table, seq, out)
+
+
+def test_routed_tasks_are_graphbuf_captured_tasks_reissued_only_when_changed() -> None:
+    decodes, _, _ = _captured([20, 5, 0])
+    [task] = decodes.tasks(3)
+    assert task.task.kind is TaskKind.PAGED_ATTENTION and task.task.host_args["seq_lens_kv"] == [20, 5, 0]
+    assert decodes.update(3, [20, 5, 0]) == 0 and task.updates == 0  # unchanged: not re-issued
+    assert decodes.update(3, [21, 5, 0]) == 1 and task.updates == 1
+
+
+def test_watch_check_names_the_layer_and_tensor_before_the_update() -> None:
+    decodes, layer, (_, kc, vc, _, _, out) = _captured([20, 5, 0])
+    decodes.check(3)  # nothing moved
+    labels = decodes.watch(3).labels
+    assert len(labels) == 8 and labels[1].endswith("_Layer) at capture size 3: key_cache")
+    # The layer's KV cache replaced by a new allocation (vLLM re-initialising caches): refused.
+    layer.key_cache = kc.clone()
+    with pytest.raises(AddressChangedError, match=r"routed decode layer #0 \(_Layer\) .*: key_cache moved"):
+        decodes.check(3)
+    layer.key_cache = kc
+    layer.value_cache = None
+    with pytest.raises(LivenessError, match=r"layer #0 .*value_cache was released"):
+        decodes.check(3)
+    layer.value_cache = vc
+    # A captured tensor rebound in place (set_) or resized: the watch names it.
+    out.set_(torch.zeros_like(out))
+    with pytest.raises(AddressChangedError, match=r"layer #0 .*: output moved"):
+        decodes.check(3)
+    assert decodes.tasks(3)[0].updates == 0
+
+
+def test_watch_check_cost_per_routed_layer() -> None:
+    """Figures only (no timing assertion): the per-step check at Gemma4-31B's 10 full layers."""
+    decodes = routed_decode.RoutedDecodes()
+    query, kc, vc, table, seq = _case([20, 5, 0])
+    layers = [_Layer(kc, vc) for _ in range(10)]
+    for layer in layers:
+        decodes.run(layer, 3, True, query, kc, vc, table, seq, [20, 5, 0], D**-0.5, torch.zeros_like(query))
+    decodes.check(3)
+    reps = 200
+    start = time.perf_counter()
+    for _ in range(reps):
+        decodes.check(3)
+    check_us = (time.perf_counter() - start) / reps * 1e6
+    start = time.perf_counter()
+    for i in range(reps):
+        decodes.update(3, [20 + i % 2, 5, 0])
+    update_us = (time.perf_counter() - start) / reps * 1e6
+    print(f"watch check: {check_us:.1f} us per step, {check_us / 10:.2f} us per routed layer; "
+          f"software update: {update_us:.1f} us per step")

@@ -38,10 +38,17 @@ import graphbuf.adapters.vllm_ascend.plugin as plugin
 import graphbuf.adapters.vllm_ascend.resolve as resolve
 import graphbuf.adapters.vllm_ascend.routed_decode as routed_decode
 import graphbuf.adapters.vllm_ascend.routing as routing
-from graphbuf.errors import GraphbufError, WidthError
+import graphbuf.adapters.vllm_ascend.upstream as upstream
+from graphbuf.errors import AddressChangedError, GraphbufError, WidthError
 from graphbuf.graphs.graph import Graph
 
 FAKE_ROOT = Path(__file__).resolve().parent / "fake_vllm_ascend"
+FAKE_VLLM_MODULES = {
+    "vllm.forward_context": "fake_vllm.forward_context",
+    "vllm.config": "fake_vllm.config",
+    "vllm.v1.kv_cache_interface": "fake_vllm.kv_cache_interface",
+}
+"""The vLLM modules of the upstream surface, faked (the real vLLM 0.32 here lacks its import chain)."""
 ADAPTER_DIR = Path(plugin.__file__).resolve().parent
 LARGE_HEAD_MODULE = f"{plugin.__package__}.large_head"
 NUM_HEADS, NUM_KV_HEADS, BLOCK_SIZE, NUM_BLOCKS, WIDTH = 2, 1, 4, 6, 3
@@ -77,8 +84,12 @@ def fake_tree(monkeypatch: pytest.MonkeyPatch) -> Any:
     patch.unpatch()
     _purge_fake_modules()
     monkeypatch.syspath_prepend(str(FAKE_ROOT))
-    monkeypatch.setattr(plugin, "_warned_versions", set())
-    monkeypatch.setattr(routing, "_forward_context", lambda: None)
+    for name, fake in FAKE_VLLM_MODULES.items():
+        module = importlib.import_module(fake)
+        if fake == "fake_vllm.forward_context":
+            monkeypatch.setattr(module, "CONTEXT", module.ForwardContext())
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(patch, "_inactive", None)
     yield
     patch.unpatch()
     _purge_fake_modules()
@@ -130,6 +141,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     module.verify_attention = verify_attention  # type: ignore[attr-defined]
     module.verify_attention_blockwise = verify_attention_blockwise  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, LARGE_HEAD_MODULE, module)
+    monkeypatch.setattr(sys.modules[plugin.__package__], "large_head", module, raising=False)
     # The routed paged decode tasks call large_head through their own module.
     monkeypatch.setattr(routed_decode, "large_head", module)
     return SimpleNamespace(calls=calls, module=module)
@@ -208,6 +220,7 @@ class Runner:
             max_query_len=max(q_lens),
             causal=True,
             attn_state=getattr(av1.AscendAttentionState, state),
+            num_input_tokens=0,  # upstream's default: the unpadded count is the replayed one
         )
 
 
@@ -236,8 +249,9 @@ def original_calls(av1: Any, name: str) -> list[Any]:
 # ------------------------------------------------------------------------------ module import hygiene
 
 
-STDLIB_ONLY = ("plugin.py", "patch.py", "routing.py")
-"""Adapter modules loaded by the plugin in every vLLM process: the standard library and each other only."""
+STDLIB_ONLY = ("plugin.py", "patch.py", "routing.py", "upstream.py")
+"""Adapter modules loaded by the plugin in every vLLM process: the standard library, each other and
+``graphbuf.errors`` (itself standard-library only) only."""
 
 
 @pytest.mark.parametrize("filename", STDLIB_ONLY)
@@ -253,40 +267,12 @@ def test_module_imports_only_the_standard_library(filename: str) -> None:
                 names = [sibling] if node.module else [f"{a.name}.py" for a in node.names]
                 assert all(n in STDLIB_ONLY for n in names), f"{filename}: relative import of {names}"
                 continue
-            imported.add((node.module or "").split(".")[0])
+            if node.module != "graphbuf.errors":
+                imported.add((node.module or "").split(".")[0])
     non_stdlib = sorted(
         name for name in imported if name not in sys.stdlib_module_names and name != "__future__"
     )
     assert non_stdlib == [], f"{filename} imports {non_stdlib} at module import time"
-
-
-# ------------------------------------------------------------------------------------ version matching
-
-
-@pytest.mark.parametrize(
-    ("version", "supported"),
-    [
-        ("0.23.0", True),
-        ("v0.23.0rc1", True),
-        ("0.23.0.post1", True),
-        ("0.24.0rc1", True),
-        ("0.25.1rc1", True),
-        ("0.26.0rc1", True),
-        ("0.2", False),
-        ("0.230.0", False),
-        ("0.22.1rc1", False),
-        ("0.18.0", False),
-        ("0.27.0", False),
-        ("0.0.0", False),
-    ],
-)
-def test_supported_version_matching(version: str, supported: bool) -> None:
-    assert plugin.is_supported_version(version) is supported
-
-
-def test_exact_entries_match_only_themselves() -> None:
-    assert plugin.is_supported_version("0.32.0rc1", ("0.32.0rc1",))
-    assert not plugin.is_supported_version("0.32.0rc10", ("0.32.0rc1",))
 
 
 # ----------------------------------------------------------------------------------------- routing
@@ -339,10 +325,8 @@ def test_head512_mtp_verify_goes_to_graphbuf_verify(av1: Any, kernels: Any, stat
     assert torch.equal(output, torch.ones_like(output))
 
 
-def test_runtime_full_mode_also_routes(av1: Any, kernels: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        routing, "_forward_context", lambda: SimpleNamespace(cudagraph_runtime_mode=CUDAGraphMode.FULL)
-    )
+def test_runtime_full_mode_also_routes(av1: Any, kernels: Any) -> None:
+    sys.modules["vllm.forward_context"].CONTEXT.cudagraph_runtime_mode = CUDAGraphMode.FULL
     metadata = make_builder(av1).build(0, Runner().common(av1, [1, 1], "DecodeOnly"))
     run_layer(av1, make_impl(av1), metadata, num_tokens=2)
     assert [kind for kind, _ in kernels.calls] == ["decode"]
@@ -856,9 +840,12 @@ def test_unexpected_layout_is_refused_and_nothing_changes(fake_tree: Any) -> Non
     module.AscendAttentionMetadataBuilder = AscendAttentionMetadataBuilder  # type: ignore[attr-defined]
     build = AscendAttentionMetadataBuilder.__dict__["build"]
     with pytest.raises(
-        GraphbufError, match=r"forward_impl must take .*update_graph_params must be a staticmethod"
-    ):
+        upstream.UpstreamError,
+        match=r"AscendAttentionBackendImpl.forward_impl takes \(self, query, attn_metadata\), graphbuf "
+        r"reads \(self, query, key, value, kv_cache, attn_metadata, output\)\. Nothing was patched",
+    ) as raised:
         patch.apply(module)
+    assert isinstance(raised.value, GraphbufError)
     assert AscendAttentionMetadataBuilder.__dict__["build"] is build
     assert not patch.is_patched(module)
 
@@ -883,39 +870,143 @@ def test_activate_without_npu_changes_nothing(fake_tree: Any) -> None:
     assert not patch.is_patched(module)
 
 
-def test_unsupported_version_warns_once_and_patches_nothing(
-    fake_tree: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_activation_ignores_the_version_string_and_logs_it(
+    fake_tree: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A git checkout of main reports 0.19.1rc2.dev...: the surface decides, the version is only logged."""
     package = importlib.import_module("vllm_ascend")
-    monkeypatch.setattr(package, "__version__", "0.9.1")
+    monkeypatch.setattr(package, "__version__", "0.19.1rc2.dev1637+g182b75ea8")
     module = importlib.import_module("vllm_ascend.attention.attention_v1")
-    with caplog.at_level(logging.DEBUG, logger=plugin.__name__):
-        first = plugin.activate(npu_available=True)
-        second = plugin.activate(npu_available=True)
-    assert first == second
-    assert first.startswith("inactive: vllm-ascend 0.9.1 is not in")
-    warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert "0.9.1 is not supported" in warnings[0].getMessage()
-    assert not patch.is_patched(module)
-    assert not any(isinstance(finder, patch._PatchOnImport) for finder in sys.meta_path)
-    with pytest.raises(GraphbufError, match=r"0\.9\.1 is not supported"):
-        patch.install()
-    assert not patch.is_patched(module)
+    decision = plugin.activate(npu_available=True)
+    assert decision == "active: vllm-ascend 0.19.1rc2.dev1637+g182b75ea8; attention patch applied"
+    assert patch.is_patched(module)
 
 
-def test_unexpected_attention_layout_warns_and_patches_nothing(
-    fake_tree: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def _drop_update(m: Any) -> None:
+    delattr(m.AscendAttentionBackendImpl, "update_graph_params")
+
+
+def _drop_metadata_fields(m: Any) -> None:
+    delattr(m.AscendMetadata, "__dataclass_fields__")
+
+
+def _drop_fence(m: Any) -> None:
+    delattr(m, "record_attention_compute_start")
+
+
+def _unknown_update_form(m: Any) -> None:
+    m.AscendAttentionBackendImpl.update_graph_params = staticmethod(
+        lambda update_stream, forward_context, num_tokens: None
+    )
+
+
+@pytest.mark.parametrize(
+    ("break_it", "named"),
+    [
+        (_drop_update, "AscendAttentionBackendImpl.update_graph_params is missing or not a staticmethod"),
+        (_drop_metadata_fields, "AscendMetadata has no field attn_state"),
+        (_drop_fence, "has no function record_attention_compute_start"),
+        (_unknown_update_form,
+         "takes (update_stream, forward_context, num_tokens), which is none of the forms graphbuf knows"),
+    ],
+    ids=["update_graph_params", "metadata-fields", "fence", "update-form"],
+)
+def test_a_surface_miss_leaves_the_plugin_inactive_with_one_line_naming_it(
+    fake_tree: Any, caplog: pytest.LogCaptureFixture, break_it: Any, named: str
 ) -> None:
     module = importlib.import_module("vllm_ascend.attention.attention_v1")
-    monkeypatch.delattr(module.AscendAttentionBackendImpl, "update_graph_params")
-    with caplog.at_level(logging.WARNING, logger=plugin.__name__):
+    break_it(module)  # the fixture purges the fake modules afterwards
+    with caplog.at_level(logging.DEBUG, logger=plugin.__package__):
         decision = plugin.activate(npu_available=True)
-    assert decision == "inactive: vllm-ascend 0.23.0 has an unexpected attention layout; nothing patched"
-    [warning] = caplog.records
-    assert "update_graph_params must be a staticmethod" in warning.getMessage()
+    assert decision.startswith("inactive: vllm-ascend 0.23.0: ") and named in decision
+    [line] = caplog.records
+    assert line.levelno == logging.WARNING and named in line.getMessage()
     assert not patch.is_patched(module)
-    assert "forward_impl" not in [name for name, _ in module.CALLS]
+
+
+def test_a_surface_miss_found_by_the_import_hook_makes_the_plugin_inactive(
+    fake_tree: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(plugin, "_decision", None)
+    monkeypatch.setattr(plugin, "activate", lambda: "active: vllm-ascend 0.23.0; attention patch deferred")
+    plugin.register()
+    extra = importlib.import_module("vllm_ascend.ascend_forward_context")
+    monkeypatch.setattr(type(extra._EXTRA_CTX), "extra_attrs", ())
+    assert patch.install() == "deferred"
+    with caplog.at_level(logging.WARNING):
+        module = importlib.import_module("vllm_ascend.attention.attention_v1")
+    assert not patch.is_patched(module)
+    [line] = [r for r in caplog.records if r.name == patch.__name__]
+    assert "_EXTRA_CTX does not list 'capturing'" in line.getMessage()
+    assert plugin.decision().startswith("inactive: ") and "capturing" in plugin.decision()
+
+
+def test_an_import_hook_failure_that_is_not_a_surface_miss_is_raised(
+    fake_tree: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(module: Any) -> None:
+        raise RuntimeError("patch broke")
+
+    monkeypatch.setattr(patch, "apply", broken)
+    assert patch.install() == "deferred"
+    with pytest.raises(RuntimeError, match="patch broke"):
+        importlib.import_module("vllm_ascend.attention.attention_v1")
+
+
+def test_every_surface_entry_holds_on_the_fake_tree(fake_tree: Any) -> None:
+    module = importlib.import_module("vllm_ascend.attention.attention_v1")
+    assert upstream.first_miss(module) is None
+    assert len(upstream.SURFACE) >= 15
+
+
+def test_a_run_time_miss_raises_naming_the_entry(av1: Any, kernels: Any) -> None:
+    """A field the activation check saw but a metadata object lacks at run time is never defaulted."""
+    runner = Runner()
+    common = runner.common(av1, [1, 1], "DecodeOnly")
+    del common.num_input_tokens
+    with pytest.raises(upstream.UpstreamError, match=r"no 'num_input_tokens' .*AscendCommonAttention"):
+        make_builder(av1).build(0, common)
+
+
+def test_capturing_raises_on_a_broken_forward_context_instead_of_saying_false(
+    av1: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    extra = importlib.import_module("vllm_ascend.ascend_forward_context")
+
+    class Broken:
+        @property
+        def capturing(self) -> bool:
+            raise AttributeError("capturing is not extra forward context attribute")
+
+    monkeypatch.setattr(extra, "_EXTRA_CTX", Broken())
+    with pytest.raises(AttributeError, match="capturing"):
+        upstream.capturing()
+    sys.modules["vllm.forward_context"].CONTEXT = None
+    assert upstream.capturing() is False  # outside a forward context: not capturing, nothing read
+
+
+def test_update_graph_params_raises_on_a_form_it_does_not_know(av1: Any) -> None:
+    """The 0.23 7-positional call against a 6-parameter (0.25.1+/main) method: refused, nothing called."""
+    context = SimpleNamespace(attn_metadata={})
+    with pytest.raises(upstream.UpstreamError, match=r"7 positional arguments .*graphbuf knows the forms"):
+        av1.AscendAttentionBackendImpl.update_graph_params("stream", context, 2, "cfg", None, None, None)
+    with pytest.raises(upstream.UpstreamError, match=r"num_dcp_pcp_tokens"):
+        av1.AscendAttentionBackendImpl.update_graph_params("stream", context, 2, "cfg", num_dcp_pcp_tokens=0)
+    assert original_calls(av1, "update_graph_params") == []
+
+
+def test_metadata_answering_the_route_attribute_is_not_routed(av1: Any) -> None:
+    """vllm-ascend's own tests fill attn_metadata with MagicMock()s: they answer every attribute, but only
+    graphbuf's ``Route`` marks a routed layer, so upstream's update loop still sees every layer."""
+    from unittest.mock import MagicMock
+
+    mocks = {"layers.0.attn": MagicMock(), "layers.1.attn": MagicMock()}
+    assert all(routing.route_of(m) is None for m in mocks.values())
+    assert routing.without_routed(mocks) is mocks
+    context = SimpleNamespace(attn_metadata=mocks)
+    av1.AscendAttentionBackendImpl.update_graph_params("stream", context, 2, "cfg", None)
+    [call] = original_calls(av1, "update_graph_params")
+    assert call["keys"] == ["layers.0.attn", "layers.1.attn"] and call["forward_context"] is context
 
 
 def test_disable_variable_wins(fake_tree: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1048,3 +1139,27 @@ def test_vllm_discovery_respects_the_disable_variable(tmp_path: Path) -> None:
     assert result["decision"].startswith(f"disabled by {plugin.DISABLE_ENV}=1")
     assert len(lines) == 1 and f"disabled by {plugin.DISABLE_ENV}=1" in lines[0]
     assert result["torch_npu"] is False
+
+
+# ------------------------------------------------------------------------- watch check before replay
+
+
+def test_a_moved_kv_cache_is_refused_by_the_next_build_before_any_refresh(av1: Any, kernels: Any) -> None:
+    """Routed paged decode captured at size 2; the layer's KV cache then replaced: the next build of that
+    size raises AddressChangedError naming the layer and key_cache, and graphbuf's buffers keep the
+    captured step's values (nothing written)."""
+    builder, runner, impl = make_builder(av1), Runner(), make_impl(av1)
+    metadata = builder.build(0, runner.common(av1, [1, 1], "DecodeOnly"))
+    set_capturing(True)
+    run_layer(av1, impl, metadata, num_tokens=2)
+    set_capturing(False)
+    route = getattr(metadata, patch.ROUTE_ATTR)
+    assert len(route.group.decodes.tasks(2)) == 1
+    before = route.block_table.clone(), route.seq_lens.clone()
+    impl.key_cache = impl.key_cache.clone()  # vLLM re-allocated this layer's cache
+    common = runner.common(av1, [1, 1], "DecodeOnly")
+    runner.block_table.add_(1)
+    runner.seq_lens.add_(3)
+    with pytest.raises(AddressChangedError, match=r"size 2: routed decode layer #0 .*key_cache moved"):
+        builder.build(0, common)
+    assert torch.equal(route.block_table, before[0]) and torch.equal(route.seq_lens, before[1])

@@ -1,19 +1,22 @@
-"""The patch mechanism: idempotent, reversible, version- and structure-checked wrapping of
+"""The patch mechanism: idempotent, reversible, surface-checked wrapping of
 ``vllm_ascend.attention.attention_v1``.
 
 Public: :func:`install` (patch now, or right after the module's first import through a ``sys.meta_path``
 hook), :func:`apply`, :func:`unpatch`, :func:`is_patched`. It wraps
 ``AscendAttentionBackendImpl.forward_impl``,
-``AscendAttentionBackendImpl.update_graph_params`` (a staticmethod: 0.23/0.24 call it with 7 positional
-arguments, 0.25.1+ pass ``draft_attn_metadatas`` by keyword; the wrapper binds either form to the original
-signature, hides routed metadata from it, then lets the routing policy re-issue graphbuf's own tasks) and
+``AscendAttentionBackendImpl.update_graph_params`` (a staticmethod whose signature is one of
+``upstream.UPDATE_FORMS``; the wrapper binds each call to it, hides routed metadata from it, then lets the
+routing policy re-issue graphbuf's own tasks; a call that does not bind raises) and
 ``AscendAttentionMetadataBuilder.build``. What the wrappers do with a call is the routing policy's
 (``routing.py``); this module only installs, checks and removes them.
 
-Every target is checked before any is changed; a failed check raises ``GraphbufError`` naming what is
-missing, with nothing changed. The originals are kept on the classes and restored by :func:`unpatch`. The
-plugin never imports torch_npu or vllm-ascend's attention stack before vllm-ascend has set itself up: this
-module imports only the standard library at import time.
+The whole upstream surface (``upstream.SURFACE``) is checked before anything is changed; a miss raises
+``upstream.UpstreamError`` naming the first miss, with nothing changed. Through the import hook a miss
+leaves the module unpatched with one warning naming it (:func:`inactive_reason`); any other failure of the
+hook's patch propagates out of the import. The originals are kept on the classes and restored by
+:func:`unpatch`. The plugin never imports torch_npu or vllm-ascend's attention stack before vllm-ascend
+has set itself up: this module imports only the standard library, ``routing`` and ``upstream`` at import
+time.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import routing
+from . import routing, upstream
 from .routing import ROUTE_ATTR, Route
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "TARGET_MODULE",
     "Route",
     "apply",
+    "inactive_reason",
     "install",
     "is_patched",
     "unpatch",
@@ -50,42 +54,43 @@ IMPL_CLASS = "AscendAttentionBackendImpl"
 BUILDER_CLASS = "AscendAttentionMetadataBuilder"
 
 _ORIGINALS_ATTR = "_graphbuf_originals"
-_FORWARD_IMPL_PARAMS = ("self", "query", "key", "value", "kv_cache", "attn_metadata", "output")
 
 _lock = threading.RLock()
 _patched_classes: list[type] = []
 _hook: _PatchOnImport | None = None
+_inactive: str | None = None
 
 
-def install(check_version: bool = True) -> str:
+def install() -> str:
     """Patch ``TARGET_MODULE`` now if it is imported, else right after its first import. Idempotent.
 
-    ``check_version``: refuse (``GraphbufError``, nothing changed) unless the installed vllm-ascend version
-    is in ``plugin.SUPPORTED_VLLM_ASCEND_VERSIONS``. Returns "applied", "already applied" or "deferred".
+    Returns "applied", "already applied" or "deferred". A surface miss raises ``upstream.UpstreamError``
+    (now) or leaves the module unpatched with one warning (deferred; :func:`inactive_reason`).
     """
     global _hook
     with _lock:
-        if check_version:
-            _check_version()
         module = sys.modules.get(TARGET_MODULE)
         if module is not None:
-            return "applied" if apply(module, check_version=False) else "already applied"
+            return "applied" if apply(module) else "already applied"
         if _hook is None:
             _hook = _PatchOnImport()
             sys.meta_path.insert(0, _hook)
         return "deferred"
 
 
-def apply(module: Any = None, check_version: bool = True) -> bool:
+def inactive_reason() -> str | None:
+    """Why the import hook left ``TARGET_MODULE`` unpatched (the first surface miss), or None."""
+    return _inactive
+
+
+def apply(module: Any = None) -> bool:
     """Wrap ``forward_impl``, ``update_graph_params`` and ``build`` of the attention module's classes.
 
     ``module``: the imported ``TARGET_MODULE`` (None: import it). Returns True if it patched now, False if
-    the classes were already patched (wrapping happens once). Checks every target before changing any, and
-    raises ``GraphbufError`` naming what is missing or unsupported; then nothing is changed.
+    the classes were already patched (wrapping happens once). Checks the whole upstream surface before
+    changing anything and raises ``upstream.UpstreamError`` naming the first miss; then nothing is changed.
     """
     with _lock:
-        if check_version:
-            _check_version()
         if module is None:
             module = importlib.import_module(TARGET_MODULE)
         impl_cls, builder_cls = _check_structure(module)
@@ -153,18 +158,37 @@ def _wrap_forward_impl(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _wrap_update_graph_params(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The wrapper accepts every call that binds to the original's signature, which the surface check
+    (``upstream.UPDATE_FORMS``) requires to be one of:
+
+    * 0.23/0.24: ``(update_stream, forward_context, num_tokens, vllm_config, speculative_config,
+      num_dcp_pcp_tokens, draft_attn_metadatas)``, called with 7 positional arguments;
+    * 0.25.1+ and main 182b75ea: ``(update_stream, forward_context, num_tokens, vllm_config,
+      speculative_config, draft_attn_metadatas)``, called with 5 positional arguments and
+      ``draft_attn_metadatas=``;
+
+    any mix of positional and keyword arguments binding to that signature included. Anything else (the
+    7-positional form against a 6-parameter original, an unknown keyword) raises
+    ``upstream.UpstreamError`` naming the call, instead of calling through with routed metadata visible.
+    """
     signature = inspect.signature(original)
+    known = tuple(signature.parameters)
 
     @functools.wraps(original)
     def update_graph_params(*args: Any, **kwargs: Any) -> Any:
         try:
             bound = signature.bind(*args, **kwargs)
-        except TypeError:
-            return original(*args, **kwargs)
+        except TypeError as exc:
+            raise upstream.UpstreamError(
+                f"{IMPL_CLASS}.update_graph_params called with {len(args)} positional arguments and keywords "
+                f"{sorted(kwargs)}, which does not bind to its signature ({', '.join(known)}): {exc}. "
+                f"graphbuf knows the forms {'; '.join(upstream.UPDATE_FORMS)}; nothing was updated"
+            ) from exc
         changed = False
         forward_context = bound.arguments.get("forward_context")
-        attn_metadata = getattr(forward_context, "attn_metadata", None)
+        attn_metadata = None
         if forward_context is not None:
+            attn_metadata = upstream.read(forward_context, "attn_metadata", "ForwardContext fields")
             kept = routing.without_routed(attn_metadata)
             if kept is not attn_metadata:
                 bound.arguments["forward_context"] = routing.ForwardContextView(forward_context, kept)
@@ -195,7 +219,7 @@ def _wrap_build(original: Callable[..., Any], builder_cls: type) -> Callable[...
             return metadata
         common = signature.bind(self, *args, **kwargs).arguments.get("common_attn_metadata")
         route = routing.plan_route(self, common, metadata)
-        if route is not None or getattr(metadata, ROUTE_ATTR, None) is not None:
+        if route is not None or routing.route_of(metadata) is not None:
             setattr(metadata, ROUTE_ATTR, route)
         return metadata
 
@@ -205,63 +229,20 @@ def _wrap_build(original: Callable[..., Any], builder_cls: type) -> Callable[...
 # -------------------------------------------------------------------------------------------- helpers
 
 
-def _check_version() -> None:
-    plugin = importlib.import_module(f"{__package__}.plugin")
-    version = plugin.vllm_ascend_version()
-    if version is None or not plugin.is_supported_version(version):
-        from graphbuf.errors import GraphbufError
-
-        raise GraphbufError(
-            f"vllm-ascend {version or 'unknown'} is not supported by graphbuf's attention patch; supported: "
-            f"{', '.join(plugin.SUPPORTED_VLLM_ASCEND_VERSIONS)}. Nothing was patched."
-        )
-
-
 def _check_structure(module: Any) -> tuple[type, type]:
-    problems = []
-    impl_cls = getattr(module, IMPL_CLASS, None)
-    builder_cls = getattr(module, BUILDER_CLASS, None)
-    if not isinstance(impl_cls, type):
-        problems.append(f"class {IMPL_CLASS} is missing")
-    if not isinstance(builder_cls, type):
-        problems.append(f"class {BUILDER_CLASS} is missing")
-    if problems:
-        _raise_structure(module, problems)
-    assert isinstance(impl_cls, type) and isinstance(builder_cls, type)
-    if _ORIGINALS_ATTR in impl_cls.__dict__:
+    impl_cls = module.__dict__.get(IMPL_CLASS)
+    builder_cls = module.__dict__.get(BUILDER_CLASS)
+    if isinstance(impl_cls, type) and _ORIGINALS_ATTR in impl_cls.__dict__:
+        assert isinstance(builder_cls, type)
         return impl_cls, builder_cls
-    forward_impl = impl_cls.__dict__.get("forward_impl")
-    if not callable(forward_impl) or tuple(_params(forward_impl)[: len(_FORWARD_IMPL_PARAMS)]) != (
-        _FORWARD_IMPL_PARAMS
-    ):
-        problems.append(f"{IMPL_CLASS}.forward_impl must take ({', '.join(_FORWARD_IMPL_PARAMS)})")
-    update = impl_cls.__dict__.get("update_graph_params")
-    if not isinstance(update, staticmethod) or "forward_context" not in _params(update.__func__):
-        problems.append(f"{IMPL_CLASS}.update_graph_params must be a staticmethod taking forward_context")
-    build = builder_cls.__dict__.get("build")
-    if not callable(build) or _params(build)[:3] != ["self", "common_prefix_len", "common_attn_metadata"]:
-        problems.append(
-            f"{BUILDER_CLASS}.build must take (self, common_prefix_len, common_attn_metadata, ...)"
+    miss = upstream.first_miss(module)
+    if miss is not None:
+        raise upstream.UpstreamError(
+            f"{getattr(module, '__name__', TARGET_MODULE)} does not have the layout graphbuf's patch "
+            f"expects: {miss}. Nothing was patched."
         )
-    if problems:
-        _raise_structure(module, problems)
+    assert isinstance(impl_cls, type) and isinstance(builder_cls, type)
     return impl_cls, builder_cls
-
-
-def _params(func: Any) -> list[str]:
-    try:
-        return list(inspect.signature(func).parameters)
-    except (TypeError, ValueError):
-        return []
-
-
-def _raise_structure(module: Any, problems: list[str]) -> None:
-    from graphbuf.errors import GraphbufError
-
-    raise GraphbufError(
-        f"{getattr(module, '__name__', TARGET_MODULE)} does not have the layout graphbuf's patch expects: "
-        f"{'; '.join(problems)}. Nothing was patched."
-    )
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -285,7 +266,8 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    """Runs the real loader, then the patch; a failing patch is logged and leaves the module untouched."""
+    """Runs the real loader, then the patch. A surface miss leaves the module untouched with one warning
+    naming it (the plugin is then inactive); any other failure propagates out of the import."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -297,10 +279,12 @@ class _PatchingLoader(importlib.abc.Loader):
         self._inner.exec_module(module)
         if _hook is None:  # unpatch() ran since this spec was found (e.g. a later importlib.reload)
             return
+        global _inactive
         try:
-            apply(module, check_version=False)
-        except Exception as exc:
-            logger.warning("graphbuf: left %s unpatched: %s", TARGET_MODULE, exc)
+            apply(module)
+        except upstream.UpstreamError as exc:
+            _inactive = str(exc)
+            logger.warning("graphbuf vllm-ascend plugin inactive, %s left unpatched: %s", TARGET_MODULE, exc)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -10,6 +10,8 @@ Invariants:
   per process, and logs exactly one debug line per process saying what it decided.
 - Without vllm_ascend or without an NPU it changes nothing, and on a machine without vllm_ascend or without
   torch_npu it never imports torch_npu.
+- Activation is decided by the whole upstream surface (``upstream.py``), never by a version string: a miss
+  leaves the plugin inactive with one warning naming the first miss. The version is only logged.
 - It never registers a platform plugin; it only patches vllm-ascend's attention classes (see ``patch.py``).
 """
 
@@ -20,15 +22,14 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import sys
 import threading
 
 __all__ = [
     "DISABLE_ENV",
     "ENTRY_POINT_NAME",
-    "SUPPORTED_VLLM_ASCEND_VERSIONS",
     "activate",
     "decision",
-    "is_supported_version",
     "npu_available",
     "register",
     "vllm_ascend_version",
@@ -42,21 +43,10 @@ ENTRY_POINT_NAME = "graphbuf_vllm_ascend"
 DISABLE_ENV = "GRAPHBUF_VLLM_ASCEND_DISABLE"
 """Setting this environment variable to 1 (or true/yes/on) makes the plugin do nothing."""
 
-SUPPORTED_VLLM_ASCEND_VERSIONS: tuple[str, ...] = ("0.23.", "0.24.", "0.25.", "0.26.")
-"""vllm-ascend versions the patch was checked against.
-
-An entry ending in "." is a release-line prefix (it matches 0.23.0, 0.23.0rc1, 0.23.0.post1, ...); any other
-entry must equal the version exactly. These are the lines whose ``vllm_ascend/attention/attention_v1.py``
-has the class names, method signatures and metadata fields ``patch.py`` relies on (tags v0.23.0,
-v0.24.0rc1, v0.25.1rc1 and the releases/v0.26.0rc branch of vllm-project/vllm-ascend); Gemma4 support
-first shipped in the 0.23 line.
-"""
-
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
 
 _lock = threading.Lock()
 _decision: str | None = None
-_warned_versions: set[str] = set()
 
 
 def register() -> None:
@@ -79,19 +69,24 @@ def register() -> None:
 
 
 def decision() -> str | None:
-    """What ``register()`` decided in this process, or None if it has not run here yet."""
+    """What ``register()`` decided in this process, or None if it has not run here yet. A deferred patch
+    that later found an upstream miss at the attention module's import reads ``inactive: ...``."""
+    patch = sys.modules.get(f"{__package__}.patch")
+    reason = None if patch is None else patch.inactive_reason()
+    if _decision is not None and reason is not None:
+        return f"inactive: {reason}"
     return _decision
 
 
 def activate(npu_available: bool | None = None) -> str:
-    """Patch vllm-ascend if it is installed, an NPU is present and its version is supported.
+    """Patch vllm-ascend if it is installed, an NPU is present and its surface is the one graphbuf reads.
 
     ``npu_available``: None probes the machine (``npu_available()``); True/False skips the probe, which
     lets tests drive the active path on a CPU machine with a fake vllm_ascend on ``sys.path``.
     Returns a one-line description of what was decided. Unlike ``register()`` it may be called many times
-    (the patch itself is idempotent) and it does not log the decision. An unsupported version logs one
-    warning per process and version and changes nothing; so does an attention module whose layout the
-    patch does not recognise (one warning per call).
+    (the patch itself is idempotent) and it does not log the decision, except that an upstream surface
+    miss (``upstream.first_miss``) logs one warning naming the first miss and changes nothing. The version
+    is part of the decision's text, never a condition.
     """
     if os.environ.get(DISABLE_ENV, "").strip().lower() in _TRUTHY:
         return f"disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]}; vllm-ascend left untouched"
@@ -104,36 +99,15 @@ def activate(npu_available: bool | None = None) -> str:
     if not available:
         return f"inactive: no NPU available ({reason}); nothing patched"
 
-    version = vllm_ascend_version()
-    if version is None or not is_supported_version(version):
-        shown = version or "unknown"
-        if shown not in _warned_versions:
-            _warned_versions.add(shown)
-            logger.warning(
-                "graphbuf: vllm-ascend %s is not supported (supported: %s); vllm-ascend is left untouched "
-                "and large-head attention keeps vllm-ascend's own path",
-                shown,
-                ", ".join(SUPPORTED_VLLM_ASCEND_VERSIONS),
-            )
-        return f"inactive: vllm-ascend {shown} is not in {SUPPORTED_VLLM_ASCEND_VERSIONS}; nothing patched"
+    version = vllm_ascend_version() or "unknown"
+    from . import patch, upstream  # lazily: importing this module stays standard-library only
 
-    patch = importlib.import_module(f"{__package__}.patch")
-    errors = importlib.import_module("graphbuf.errors")
     try:
-        state = patch.install(check_version=False)
-    except errors.GraphbufError as exc:  # the attention module's layout is not the one the patch knows
-        logger.warning("graphbuf: vllm-ascend %s left untouched: %s", version, exc)
-        return f"inactive: vllm-ascend {version} has an unexpected attention layout; nothing patched"
+        state = patch.install()
+    except upstream.UpstreamError as exc:
+        logger.warning("graphbuf vllm-ascend plugin inactive on vllm-ascend %s: %s", version, exc)
+        return f"inactive: vllm-ascend {version}: {exc}"
     return f"active: vllm-ascend {version}; attention patch {state}"
-
-
-def is_supported_version(version: str, supported: tuple[str, ...] = SUPPORTED_VLLM_ASCEND_VERSIONS) -> bool:
-    """True if ``version`` (a leading "v" is ignored) equals an entry of ``supported`` or starts with an
-    entry that ends in "."."""
-    v = version.strip()
-    if v[:1] in ("v", "V"):
-        v = v[1:]
-    return any(v == s or (s.endswith(".") and v.startswith(s)) for s in supported)
 
 
 def vllm_ascend_version() -> str | None:

@@ -43,6 +43,7 @@ from graphbuf.spec import GraphSpec, load_spec
 
 from .routed_decode import RoutedDecodes
 from .task_options import DECODE_TASK, VERIFY_TASK, DecodeTaskOptions, VerifyTaskOptions
+from .upstream import read
 
 logger = logging.getLogger(__name__)
 
@@ -93,20 +94,24 @@ def _as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+_CONFIG = "vLLM config fields"
+_BUILDER = "AscendAttentionMetadataBuilder instance fields"
+
+
 def spec_overrides(vllm_config: Any, kv_cache_spec: Any) -> dict[str, int]:
-    """Spec constants the vLLM config and the group's KV spec determine; absent or non-int fields are left
-    to the spec. No speculative config means ``num_speculative_tokens`` 0."""
+    """Spec constants the vLLM config and the group's KV spec determine; non-int values are left to the
+    spec, an absent field raises ``upstream.UpstreamError``. No speculative config means
+    ``num_speculative_tokens`` 0."""
     overrides: dict[str, int] = {}
     for constant, section, attr in _CONFIG_CONSTANTS:
-        value = _as_int(getattr(getattr(vllm_config, section, None), attr, None))
+        value = _as_int(read(read(vllm_config, section, _CONFIG), attr, _CONFIG))
         if value is not None:
             overrides[constant] = value
-    if hasattr(vllm_config, "speculative_config"):
-        speculative = vllm_config.speculative_config
-        tokens = 0 if speculative is None else _as_int(getattr(speculative, "num_speculative_tokens", None))
-        if tokens is not None:
-            overrides["num_speculative_tokens"] = tokens
-    block_size = _as_int(getattr(kv_cache_spec, "block_size", None))
+    speculative = read(vllm_config, "speculative_config", _CONFIG)
+    tokens = 0 if speculative is None else _as_int(read(speculative, "num_speculative_tokens", _CONFIG))
+    if tokens is not None:
+        overrides["num_speculative_tokens"] = tokens
+    block_size = _as_int(read(kv_cache_spec, "block_size", "AttentionSpec fields"))
     if block_size is not None:
         overrides["block_size"] = block_size
     return overrides
@@ -114,7 +119,7 @@ def spec_overrides(vllm_config: Any, kv_cache_spec: Any) -> dict[str, int]:
 
 def capture_sizes(vllm_config: Any) -> list[Any]:
     """``compilation_config.cudagraph_capture_sizes``; SpecError if it is missing or empty."""
-    sizes = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_capture_sizes", None)
+    sizes = read(read(vllm_config, "compilation_config", _CONFIG), "cudagraph_capture_sizes", _CONFIG)
     if not sizes:
         raise SpecError(
             f"{SPEC_NAME}: capture.sizes: compilation_config.cudagraph_capture_sizes is {sizes!r}; routed "
@@ -285,9 +290,9 @@ def group_buffers(
     """
     cache = builder.__dict__.setdefault(_CACHE_ATTR, {})
     if q_len not in cache:
-        where = device if device is not None else getattr(builder, "device", None)
+        where = device if device is not None else read(builder, "device", _BUILDER)
         try:
-            planned = routed_spec(getattr(builder, "vllm_config", None), builder.kv_cache_spec, q_len,
+            planned = routed_spec(read(builder, "vllm_config", _BUILDER), builder.kv_cache_spec, q_len,
                                   kernel_block_size)  # fmt: skip
             modes = None if planned is None else route_modes(_base_spec(), planned[1])
         except SpecError as exc:
@@ -309,7 +314,7 @@ _logged: set[tuple[Any, ...]] = set()
 
 def _log_not_routed(builder: Any, buffers: GroupBuffers) -> None:
     """One info line per vLLM config and query length naming the capture sizes left to upstream's path."""
-    key = (id(getattr(builder, "vllm_config", None)), buffers.tokens_per_request, buffers.not_routed)
+    key = (id(read(builder, "vllm_config", _BUILDER)), buffers.tokens_per_request, buffers.not_routed)
     if not buffers.not_routed or key in _logged:
         return
     _logged.add(key)

@@ -38,19 +38,29 @@
 7. Replay updates. ``update_graph_params`` is called without routed groups' metadata (a ``Route`` with a
    ``q_len``): vllm-ascend pairs its captured task parameters with the layers it is given, and graphbuf's
    tasks are not among them. Then :func:`update_routed` re-issues the paged decode tasks of every routed
-   group in the step's metadata with the route's host KV lengths (``Route.seq_lens_host``), before replay.
+   group in the step's metadata with the route's host KV lengths (``Route.seq_lens_host``), before replay,
+   re-issuing only the tasks whose lengths changed. Before a routed size's buffers are refreshed (``build``)
+   and before its tasks are re-issued, the size's watch check runs (``RoutedDecodes.check``): a moved,
+   resized or freed tensor of a captured task raises ``AddressChangedError`` / ``LivenessError`` naming the
+   layer and the tensor, before any byte is written.
 
 Tensors handed to graphbuf's kernels are graphbuf's own captured buffers (``resolve.py``), never the
-runner's. This module imports only the standard library at import time.
+runner's. Every upstream field is read through ``upstream.read`` (a miss raises, naming the surface entry);
+a route is recognised only as a :class:`Route` instance (:func:`route_of`). This module imports only the
+standard library and ``upstream`` at import time.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from graphbuf.errors import RefreshError
+
+from . import upstream
+from .upstream import read
 
 __all__ = [
     "LARGE_HEAD_SIZE",
@@ -62,6 +72,7 @@ __all__ = [
     "forward",
     "kernel_block_size",
     "plan_route",
+    "route_of",
     "update_routed",
     "without_routed",
 ]
@@ -78,6 +89,13 @@ ROUTED_ATTN_STATES = frozenset({"DecodeOnly", "SpecDecoding", "ChunkedPrefill"})
 """``AscendAttentionState`` names a routed forward may carry. ChunkedPrefill is listed because vllm-ascend
 labels its non-MLA MTP capture dummy runs that way; routing also needs ``Route.q_len``, which is None for
 any batch with a prefill request."""
+
+_BUILDER = "AscendAttentionMetadataBuilder instance fields"
+_IMPL = "AscendAttentionBackendImpl instance fields"
+_COMMON = "AscendCommonAttentionMetadata fields"
+_METADATA = "AscendMetadata fields"
+_SPEC = "AttentionSpec fields"
+_CONFIG = "vLLM config fields"
 
 ROUTE_ATTR = "graphbuf_route"
 """Attribute of the attention metadata that holds the ``Route`` (absent or None: not routed)."""
@@ -105,16 +123,23 @@ class Route:
     seq_lens_host: tuple[int, ...] = ()
 
 
+def route_of(metadata: Any) -> Route | None:
+    """The :class:`Route` graphbuf put on ``metadata`` (``ROUTE_ATTR``), or None. Only a ``Route`` counts:
+    an object that merely answers ``graphbuf_route`` (a ``MagicMock``) is not routed."""
+    route = getattr(metadata, ROUTE_ATTR, None)  # graphbuf's own attribute, absent on unrouted metadata
+    return route if isinstance(route, Route) else None
+
+
 def kernel_block_size(builder: Any, manager_block_size: int) -> int:
     """The block size of the runner's block table for this group: the manager block size if the backend's
-    ``get_supported_kernel_block_sizes()`` lists it (or lists none), else the largest listed size dividing
-    it (vLLM's ``select_common_block_size`` rule; vllm-ascend's attention backend lists 128)."""
-    module = sys.modules.get(type(builder).__module__)
-    backend = getattr(module, "AscendAttentionBackend", None)
-    try:
-        supported = [int(s) for s in backend.get_supported_kernel_block_sizes()]  # type: ignore[union-attr]
-    except Exception:  # no backend class, or sizes given as MultipleOf(...) rules: keep the manager size
-        return manager_block_size
+    ``get_supported_kernel_block_sizes()`` lists it (or lists no int), else the largest listed size dividing
+    it (vLLM's ``select_common_block_size`` rule; vllm-ascend's attention backend lists 128). Entries that
+    are not ints (``MultipleOf`` rules) are not sizes and are skipped."""
+    module = sys.modules[upstream.ATTENTION_MODULE]
+    entry = "AscendAttentionBackend.get_supported_kernel_block_sizes"
+    backend = read(module, "AscendAttentionBackend", entry)
+    listed = backend.get_supported_kernel_block_sizes()
+    supported = [s for s in listed if isinstance(s, int) and not isinstance(s, bool)]
     if not supported or manager_block_size in supported:
         return manager_block_size
     dividing = [s for s in supported if s > 0 and manager_block_size % s == 0]
@@ -131,28 +156,31 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     """
     if _enum_name(_graph_mode(builder)) not in ROUTED_GRAPH_MODES:
         return None
-    spec = getattr(builder, "kv_cache_spec", None)
+    spec = read(builder, "kv_cache_spec", _BUILDER)
     if (
-        getattr(spec, "head_size", None) != LARGE_HEAD_SIZE
-        or getattr(spec, "sliding_window", None) is not None
+        read(spec, "head_size", _SPEC) != LARGE_HEAD_SIZE
+        or read(spec, "sliding_window", _SPEC) is not None
     ):
         return None
-    quant_config = getattr(getattr(builder, "vllm_config", None), "quant_config", None)
-    if getattr(quant_config, "enable_c8_quant", False) or not getattr(common_attn_metadata, "causal", True):
+    quant_config = read(read(builder, "vllm_config", _BUILDER), "quant_config", _CONFIG)
+    # upstream itself reads enable_c8_quant with a default (quant configs other than ModelSlim's lack it)
+    if quant_config is not None and getattr(quant_config, "enable_c8_quant", False):
         return None
-    block_table = getattr(common_attn_metadata, "block_table_tensor", None)
-    seq_lens = getattr(common_attn_metadata, "seq_lens", None)
+    if not read(common_attn_metadata, "causal", _COMMON):
+        return None
+    block_table = read(common_attn_metadata, "block_table_tensor", _COMMON)
+    seq_lens = read(common_attn_metadata, "seq_lens", _COMMON)
     if block_table is None or seq_lens is None:
         return None
-    resolve = importlib.import_module(f"{__package__}.resolve")
-    device = getattr(builder, "device", None)
+    from . import resolve  # lazily: importing this module stays standard-library only
+    device = read(builder, "device", _BUILDER)
     device = block_table.device if device is None else device
     kernel_block = kernel_block_size(builder, int(spec.block_size))
     buffers = resolve.group_buffers(builder, device, kernel_block_size=kernel_block)
     if buffers is None:
         return None
-    num_tokens = int(getattr(common_attn_metadata, "num_actual_tokens", 0))
-    replayed = max(num_tokens, int(getattr(common_attn_metadata, "num_input_tokens", 0) or 0))
+    num_tokens = int(read(common_attn_metadata, "num_actual_tokens", _COMMON))
+    replayed = max(num_tokens, int(read(common_attn_metadata, "num_input_tokens", _COMMON) or 0))
     if replayed in buffers.not_routed:
         return None  # vLLM captures this size on upstream's path
     size = buffers.capture_size(replayed)
@@ -179,12 +207,12 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
             )
     if size in buffers.fallbacks:
         return Route(q_len=None, reason=buffers.fallbacks[size])
+    buffers.decodes.check(size)  # the size's captured tensors unmoved, before this step writes a byte
     live = num_tokens // q_len
-    host = _live_host_lens(common_attn_metadata, attn_metadata, live)
+    host = _host_ints(read(attn_metadata, "seq_lens_list", _METADATA), live)
     capacity = kernel_block * int(buffers.buffers.plan[resolve.BLOCK_TABLE].shape[1])
     if host is not None and any(n < 0 or n > capacity for n in host):
-        errors = importlib.import_module("graphbuf.errors")
-        raise errors.RefreshError(
+        raise RefreshError(
             f"{resolve.SEQ_LENS}: host KV lengths {host} of capture size {size} must lie in [0, {capacity}] "
             f"(the captured block table's {capacity // kernel_block} blocks of {kernel_block}); the paged "
             "kernel would read past the table. Nothing was refreshed."
@@ -199,25 +227,11 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     )  # fmt: skip
 
 
-def _live_host_lens(common_attn_metadata: Any, attn_metadata: Any, live: int) -> list[int] | None:
-    """The live requests' KV lengths from the host: vllm-ascend's ``seq_lens_list`` (what its own kernels
-    take as ``actual_seq_lengths_kv``), else the runner's host copy of ``seq_lens``."""
-    for values in (
-        getattr(attn_metadata, "seq_lens_list", None),
-        getattr(common_attn_metadata, "_seq_lens_cpu", None),
-        getattr(common_attn_metadata, "seq_lens_cpu", None),
-    ):
-        lens = _host_ints(values, live)
-        if lens is not None:
-            return lens
-    return None
-
-
 def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache: Any, attn_metadata: Any,
             output: Any, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
     """``forward_impl`` under rule 5: graphbuf's kernels for a routed batch inside a full graph, else
     ``original`` (also, with a logged reason, for a routed call graphbuf cannot run)."""
-    route = getattr(attn_metadata, ROUTE_ATTR, None)
+    route = route_of(attn_metadata)
     if route is None or route.q_len is None or not _under_full_graph():
         return original(impl, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
     if route.group is not None and route.size in route.group.fallbacks:
@@ -229,11 +243,9 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
             route.group.fallbacks[route.size] = reason
         logger.warning("graphbuf: capture size %s keeps vllm-ascend's path: %s", route.size, reason)
         return original(impl, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
-    module = sys.modules.get(type(impl).__module__)
-    fence = getattr(module, "record_attention_compute_start", None)
-    if callable(fence):
-        fence()
-    large_head = importlib.import_module(f"{__package__}.large_head")
+    read(sys.modules[upstream.ATTENTION_MODULE], "record_attention_compute_start",
+         "record_attention_compute_start")()  # fmt: skip
+    from . import large_head  # lazily: it imports torch
     num_tokens = int(query.shape[0])
     batch = num_tokens // route.q_len
     # Under a full graph the query holds the padded batch (route.size tokens): the views as they are, whose
@@ -267,8 +279,8 @@ def _paged_decode(impl: Any, route: Route, query: Any, key_cache: Any, value_cac
     target = None if output is None else (output if int(output.shape[0]) == batch else output[:batch])
     direct = target is not None and tuple(target.shape) == tuple(query.shape) and target.is_contiguous()
     out = target if direct else query.new_empty(query.shape)
-    route.group.decodes.run(impl, route.size, _capturing(), query, key_cache, value_cache, block_table,
-                            seq_lens, lens, impl.scale, out)  # fmt: skip
+    route.group.decodes.run(impl, route.size, upstream.capturing(), query, key_cache, value_cache,
+                            block_table, seq_lens, lens, impl.scale, out)  # fmt: skip
     return output if direct else _store(output, out, batch)
 
 
@@ -284,6 +296,7 @@ def update_routed(update_stream: Any, num_tokens: int, *containers: Any) -> int:
             continue
         done.add(id(group))
         size = route.size if route.size is not None else num_tokens
+        group.decodes.check(size)
         count += group.decodes.update(size, route.seq_lens_host, update_stream)
         group.decodes.arm(size, update_stream)
     return count
@@ -293,7 +306,7 @@ def _routes(containers: Any) -> list[Route]:
     found: list[Route] = []
     for container in containers:
         if isinstance(container, dict):
-            found += [r for r in (getattr(m, ROUTE_ATTR, None) for m in container.values()) if r is not None]
+            found += [r for r in map(route_of, container.values()) if r is not None]
         elif isinstance(container, (list, tuple)):
             found += _routes(container)
     return [r for r in found if r.q_len is not None]
@@ -305,18 +318,18 @@ def _problems(
     num_tokens = int(query.shape[0])
     problems = []
     batch, remainder = divmod(num_tokens, route.q_len)
-    if getattr(impl, "head_size", None) != LARGE_HEAD_SIZE:
-        problems.append(
-            f"head_size is {getattr(impl, 'head_size', None)}, graphbuf takes only {LARGE_HEAD_SIZE}"
-        )
-    state = _enum_name(getattr(attn_metadata, "attn_state", None))
+    head_size = read(impl, "head_size", _IMPL)
+    if head_size != LARGE_HEAD_SIZE:
+        problems.append(f"head_size is {head_size}, graphbuf takes only {LARGE_HEAD_SIZE}")
+    state = _enum_name(read(attn_metadata, "attn_state", _METADATA))
     if state not in ROUTED_ATTN_STATES:
         problems.append(f"attn_state is {state}, allowed: {', '.join(sorted(ROUTED_ATTN_STATES))}")
     for attr in ("sliding_window", "sinks", "alibi_slopes"):
-        if getattr(impl, attr, None) is not None:
+        if read(impl, attr, _IMPL) is not None:
             problems.append(f"{attr} is set, graphbuf supports only plain causal attention")
-    if getattr(impl, "attn_type", "decoder") != "decoder":
-        problems.append(f"attn_type is {getattr(impl, 'attn_type', None)}, allowed: decoder")
+    attn_type = read(impl, "attn_type", _IMPL)
+    if attn_type != "decoder":
+        problems.append(f"attn_type is {attn_type}, allowed: decoder")
     if remainder:
         problems.append(f"{num_tokens} query tokens is not a multiple of q_len {route.q_len}")
     for name, tensor in (("block_table", route.block_table), ("seq_lens", route.seq_lens)):
@@ -325,7 +338,7 @@ def _problems(
                 f"graphbuf's {name} at capture size {route.size} has {int(tensor.shape[0])} rows, the batch "
                 f"needs {batch}"
             )
-    key_cache, value_cache = getattr(impl, "key_cache", None), getattr(impl, "value_cache", None)
+    key_cache, value_cache = read(impl, "key_cache", _IMPL), read(impl, "value_cache", _IMPL)
     if key_cache is None and kv_cache is not None and len(kv_cache) >= 2:
         key_cache, value_cache = kv_cache[0], kv_cache[1]
         impl.key_cache, impl.value_cache = key_cache, value_cache
@@ -335,17 +348,17 @@ def _problems(
 
 
 def _uniform_decode_query_len(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> int | None:
-    if getattr(attn_metadata, "num_prefills", 0):
+    if read(attn_metadata, "num_prefills", _METADATA):
         return None
-    q_len = getattr(common_attn_metadata, "max_query_len", None)
-    decode_threshold = int(getattr(builder, "decode_threshold", 1))
+    q_len = read(common_attn_metadata, "max_query_len", _COMMON)
+    decode_threshold = int(read(builder, "decode_threshold", _BUILDER))
     if not isinstance(q_len, int) or q_len not in (1, decode_threshold):
         return None
-    num_tokens = int(getattr(common_attn_metadata, "num_actual_tokens", 0))
+    num_tokens = int(read(common_attn_metadata, "num_actual_tokens", _COMMON))
     if num_tokens <= 0 or num_tokens % q_len:
         return None
     live = num_tokens // q_len  # the real requests; padded requests after them are not looked at
-    starts = _host_ints(getattr(common_attn_metadata, "query_start_loc_cpu", None), live + 1)
+    starts = _host_ints(read(common_attn_metadata, "query_start_loc_cpu", _COMMON), live + 1)
     if starts is None or any(starts[i + 1] - starts[i] != q_len for i in range(live)):
         return None
     return q_len
@@ -381,7 +394,7 @@ class ForwardContextView:
 
 
 def _is_routed(metadata: Any) -> bool:
-    route = getattr(metadata, ROUTE_ATTR, None)
+    route = route_of(metadata)
     return route is not None and route.q_len is not None
 
 
@@ -401,35 +414,18 @@ def without_routed(container: Any) -> Any:
     return container
 
 
-def _capturing() -> bool:
-    """vllm-ascend's forward context says a graph is being captured."""
-    try:
-        extra = importlib.import_module("vllm_ascend.ascend_forward_context")._EXTRA_CTX
-        return bool(getattr(extra, "capturing", False))
-    except Exception:  # no forward context set, or an older vllm-ascend layout
-        return False
-
-
 def _under_full_graph() -> bool:
-    if _capturing():
+    if upstream.capturing():
         return True
-    context = _forward_context()
-    return context is not None and _enum_name(getattr(context, "cudagraph_runtime_mode", None)) == "FULL"
-
-
-def _forward_context() -> Any:
-    try:
-        module = importlib.import_module("vllm.forward_context")
-        return module.get_forward_context() if module.is_forward_context_available() else None
-    except Exception:
-        return None
+    context = upstream.forward_context()
+    if context is None:
+        return False
+    return _enum_name(read(context, "cudagraph_runtime_mode", "ForwardContext fields")) == "FULL"
 
 
 def _graph_mode(builder: Any) -> Any:
-    config = getattr(builder, "compilation_config", None)
-    if config is None:
-        config = getattr(getattr(builder, "vllm_config", None), "compilation_config", None)
-    return getattr(config, "cudagraph_mode", None)
+    config = read(builder, "compilation_config", _BUILDER)
+    return read(config, "cudagraph_mode", _CONFIG)
 
 
 def _enum_name(value: Any) -> str | None:

@@ -9,6 +9,7 @@ which cannot be downloaded here, so they are namespaces with the fields the atte
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -34,6 +35,18 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec  # n
 from vllm_ascend.attention.attention_v1 import AscendAttentionState  # noqa: E402
 from vllm_ascend.attention.utils import AscendCommonAttentionMetadata  # noqa: E402
 
+UPSTREAM = os.environ.get("GRAPHBUF_REAL_UPSTREAM", "0.23")
+"""The upstream this run is against: ``0.23`` (0.23.0.post1 + vLLM 0.23.0) or ``main`` (182b75ea + 0.27.1)."""
+
+ONLY_023_UPDATE_FORM = pytest.mark.skipif(
+    UPSTREAM != "0.23",
+    reason="the 7-positional update_graph_params form (num_dcp_pcp_tokens) exists only on 0.23/0.24 "
+    "(vllm-ascend #12592); on main the wrapper refuses it (test_real_forward::"
+    "test_the_removed_positional_update_form_raises_on_main)",
+)
+UPDATE_FORMS = [pytest.param("positional-0.23", marks=ONLY_023_UPDATE_FORM), "keyword-0.25.1"]
+"""The ``update_graph_params`` call forms the real-module tests drive."""
+
 KERNEL_BLOCK = 128
 """vllm-ascend's kernel block size: the runner's block table counts blocks of this many tokens."""
 
@@ -47,14 +60,17 @@ SLIDING_LAYER = "model.layers.0.self_attn.attn"
 
 
 def vllm_capture_sizes(max_num_seqs: int, num_spec: int, max_num_batched_tokens: int, tp: int) -> list[int]:
-    """The capture sizes vLLM 0.23.0 computes by default (``VllmConfig._set_cudagraph_sizes`` followed by
+    """The capture sizes vLLM computes by default (``VllmConfig._set_cudagraph_sizes`` followed by
     ``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``), run on a config namespace because a
-    full ``VllmConfig`` needs a model."""
+    full ``VllmConfig`` needs a model. The namespace carries what both vLLMs read: 0.23.0 reads
+    ``speculative_config.num_speculative_tokens``, 0.27.1 the ``VllmConfig.num_speculative_tokens``
+    property (given here as a plain field)."""
     cc = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
     holder = SimpleNamespace(
         model_config=SimpleNamespace(enforce_eager=False),
         compilation_config=cc,
         speculative_config=SimpleNamespace(num_speculative_tokens=num_spec) if num_spec else None,
+        num_speculative_tokens=num_spec,
         scheduler_config=SimpleNamespace(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
         ),
@@ -88,7 +104,10 @@ def make_vllm_config(
     max_model_len: int = 5500,
     max_num_batched_tokens: int = 8192,
     graph_mode: CUDAGraphMode = CUDAGraphMode.FULL_DECODE_ONLY,
+    hf_config: Any = None,
 ) -> VllmConfig:
+    """A ``VllmConfig`` with the given envelope; ``hf_config`` (e.g. a Gemma4 namespace with ``model_type``)
+    goes on ``model_config`` when given, which turns on vllm-ascend's model-type branches."""
     cc = CompilationConfig(cudagraph_mode=graph_mode)
     config = VllmConfig(
         device_config=DeviceConfig(device="cpu"),
@@ -106,7 +125,8 @@ def make_vllm_config(
     object.__setattr__(
         config, "model_config",
         SimpleNamespace(max_model_len=max_model_len, runner_type="generate", enforce_eager=False,
-                        dtype=torch.bfloat16, is_encoder_decoder=False, hf_text_config=SimpleNamespace()),
+                        dtype=torch.bfloat16, is_encoder_decoder=False, hf_text_config=SimpleNamespace(),
+                        **({} if hf_config is None else {"hf_config": hf_config})),
     )  # fmt: skip
     speculative = (
         SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False, method="mtp")

@@ -23,6 +23,8 @@ from real_fixtures import (
     SLIDING_HEAD,
     SLIDING_KV_HEADS,
     SLIDING_LAYER,
+    UPDATE_FORMS,
+    UPSTREAM,
     gemma4_specs,
     make_builder,
     make_vllm_config,
@@ -34,6 +36,7 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import set_forward_context
 
 import graphbuf.adapters.vllm_ascend.patch as patch
+from graphbuf.adapters.vllm_ascend import upstream
 
 av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
 acl_graph = importlib.import_module("vllm_ascend.compilation.acl_graph")
@@ -167,7 +170,7 @@ def _capture_sliding(config: Any, size: int, gen: torch.Generator) -> tuple[Any,
     return builder, impl, metadata
 
 
-@pytest.mark.parametrize("form", ["positional-0.23", "keyword-0.25.1"])
+@pytest.mark.parametrize("form", UPDATE_FORMS)
 def test_update_graph_params_pairs_only_upstream_layers(patched, form: str) -> None:
     """Capture one routed (full, 512) and one upstream (sliding) layer at size 16, then run the real task
     update: the routed layer's metadata is hidden, so vllm-ascend pairs the sliding layer with its task."""
@@ -216,3 +219,15 @@ def test_update_graph_params_pairs_only_upstream_layers(patched, form: str) -> N
     _, _, kwargs = reissued[0]
     lengths = kwargs.get("actual_seq_lengths_kv")
     assert list(lengths) == new_sliding.seq_lens  # the sliding layer's own fresh KV lengths
+
+
+@pytest.mark.skipif(UPSTREAM != "main", reason="main (and 0.25.1+) removed num_dcp_pcp_tokens (#12592)")
+def test_the_removed_positional_update_form_raises_on_main(patched) -> None:
+    """0.23's 7-positional call against main's 6-parameter ``update_graph_params``: the wrapper refuses it
+    (naming the forms it knows) instead of calling through with routed metadata visible."""
+    config = make_vllm_config(capture_sizes=[4, 8, 16])
+    with set_forward_context({}, config, num_tokens=16, cudagraph_runtime_mode=FULL):
+        context = importlib.import_module("vllm.forward_context").get_forward_context()
+        update = av1.AscendAttentionBackendImpl.update_graph_params
+        with pytest.raises(upstream.UpstreamError, match=r"7 positional arguments .*knows the forms"):
+            update(torch.npu.Stream(), context, 16, config, config.speculative_config, None, None)

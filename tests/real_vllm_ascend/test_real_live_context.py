@@ -21,6 +21,7 @@ from real_fixtures import (
     FULL_HEAD,
     FULL_LAYER,
     NUM_HEADS,
+    UPDATE_FORMS,
     make_builder,
     make_vllm_config,
     random_batch,
@@ -82,7 +83,7 @@ def _update(config: Any, attn_metadata: dict[str, Any], form: str) -> Any:
     return context
 
 
-@pytest.mark.parametrize("form", ["positional-0.23", "keyword-0.25.1"])
+@pytest.mark.parametrize("form", UPDATE_FORMS)
 def test_paged_decode_host_lengths_are_reissued_by_update_graph_params(patched, form: str) -> None:
     """Two routed layers and one upstream sliding layer captured at SIZE; a new batch is built; the real
     update re-issues the sliding layer's FIA (its own lengths) and graphbuf's two paged tasks (the new host

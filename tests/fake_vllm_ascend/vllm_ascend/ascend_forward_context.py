@@ -1,5 +1,11 @@
-"""Fake of vllm_ascend.ascend_forward_context: only the ``_EXTRA_CTX.capturing`` flag graphbuf reads."""
+"""Fake of vllm_ascend.ascend_forward_context: the ``_EXTRA_CTX`` proxy and its ``capturing`` flag."""
 
-from types import SimpleNamespace
 
-_EXTRA_CTX = SimpleNamespace(capturing=False)
+class _ExtraForwardContextProxy:
+    extra_attrs = ("capturing",)
+
+    def __init__(self) -> None:
+        self.capturing = False
+
+
+_EXTRA_CTX = _ExtraForwardContextProxy()

@@ -4,8 +4,8 @@ The real 0.23.0.post1 module is driven by ``tests/real_vllm_ascend/`` (build, fo
 capture and eagerly, update_graph_params in both call forms). This fake stays only for what the real module
 cannot reach on a CPU machine:
 
-* the plugin's own checks in the main test process (``tests/test_vllm_plugin.py``: version refusal, layout
-  refusal, the deferred import hook, unpatch) and vLLM 0.32's plugin discovery in subprocesses, where the
+* the plugin's own checks in the main test process (``tests/test_vllm_plugin.py``: surface misses, the
+  deferred import hook, unpatch) and vLLM 0.32's plugin discovery in subprocesses, where the
   real package must not be on ``sys.path`` (its pair is vLLM 0.23, not 0.32);
 * versions other than 0.23 (0.24 - 0.26 signatures), and the PCP/DCP builder subclasses, whose real
   modules need distributed groups;
@@ -27,6 +27,12 @@ ORIGINAL_OUTPUT_VALUE = -7.0
 
 def record_attention_compute_start() -> None:
     CALLS.append(("record_attention_compute_start", None))
+
+
+class AscendAttentionBackend:
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int]:
+        return []  # none listed: the runner's table is in the manager block size
 
 
 class AscendAttentionState(Enum):
