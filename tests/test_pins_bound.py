@@ -1,0 +1,148 @@
+"""Pins for ``graphbuf/refresh/bound.py`` and ``graphbuf/refresh/layout.py`` (issue 24 §1): each test fails
+on the mutant its docstring names (line numbers of main b2b8a44). Both paths (numpy, kernel)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from pins import buffers, contents, path
+
+from graphbuf import RefreshError, WidthError
+
+KINDS = ["numpy", "kernel"]
+
+
+@pytest.mark.parametrize("given", [[np.zeros(4, np.int32)], None, "x", 3])
+def test_bind_of_a_non_mapping_is_a_refresh_error(given: object) -> None:
+    """bound.py:61 ``if not isinstance(sources, Mapping)``: a list, None, str or int is refused with the type
+    named (mutant: the check dropped or negated, and ``.items()`` fails untyped or a mapping is refused)."""
+    sb = buffers({"x": {"dtype": "int32", "rows": "requests"}}, sizes=[4])
+    with pytest.raises(
+        RefreshError,
+        match=rf"^bind\(\): sources must be a mapping of buffer name to source, got {type(given).__name__}$",
+    ):
+        sb.bind(given)  # type: ignore[arg-type]
+    sb.bind({"x": np.zeros(4, np.int32)}).refresh(4, 2)  # a mapping is accepted
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_bound_float_buffer_is_checked_for_nan_with_only_two_d_sources(kind: str) -> None:
+    """bound.py:116 ``if all(e[5] for e in entries)``: the fast path is built only when every source is of a
+    fast dtype; a float buffer (never fast: its values need the NaN check) keeps every refresh on the checked
+    path. Mutants (``any``, or another entry field such as ``e[3]``, "2-D", in the test) let a NaN through."""
+    sb = buffers(
+        {"w": {"dtype": "float32", "rows": "requests", "cols": 2},
+         "bt": {"dtype": "int32", "rows": "requests", "cols": 3, "min": 0}},
+        sizes=[4],
+    )  # fmt: skip
+    w = np.ones((4, 2), np.float32)
+    bt = np.zeros((4, 3), np.int32)
+    bound = sb.bind({"w": w, "bt": bt})
+    with path(kind):
+        bound.refresh(4, 3)
+        w[1, 1] = np.nan
+        before = contents(sb)
+        with pytest.raises(RefreshError, match=r"buffer 'w': NaN at index \[1, 1\]"):
+            bound.refresh(4, 3)
+        assert contents(sb) == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_fixed_rows_buffer_bound_to_a_longer_source_reads_its_capacity(kind: str) -> None:
+    """bound.py:119 ``min(e[1].shape[0], e[0].capacity[s][0])``: a fixed-rows buffer (rows 3) bound to a
+    5-row source reads 3 rows (mutant ``max``, or the columns ``[1]`` taken for the rows: 5 rows read, or
+    0)."""
+    sb = buffers(
+        {"fixed": {"dtype": "int32", "rows": 3, "pad": -1},
+         "lens": {"dtype": "int32", "rows": "requests", "pad": 0}},
+        sizes=[2, 4],
+    )  # fmt: skip
+    fixed = np.arange(10, 15, dtype=np.int32)
+    lens = np.arange(1, 6, dtype=np.int32)
+    bound = sb.bind({"fixed": fixed, "lens": lens})
+    with path(kind):
+        bound.refresh(4, 2)
+        assert sb.full["fixed"].tolist() == [10, 11, 12]
+        assert sb.full["lens"].tolist() == [1, 2, 0, 0]
+        assert sb.stats.last_bytes == 3 * 4 + 2 * 4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("overflow", ["reject", "truncate"])
+def test_a_bound_width_above_the_allocation_is_rejected_or_cut(kind: str, overflow: str) -> None:
+    """bound.py:195 ``if not 0 <= w <= max_cols: return None``: a live width above the captured columns leaves
+    the fast path, so ``overflow: reject`` raises WidthError and ``truncate`` writes the captured columns
+    only (mutant: the check dropped, the write indexes past the buffer; or its bound moved, a width at the
+    edge is refused)."""
+    sb = buffers(
+        {"bt": {"dtype": "int32", "rows": "requests", "cols": 3, "pad": 0, "min": 0, "overflow": overflow}},
+        sizes=[4],
+    )  # fmt: skip
+    src = np.arange(1, 4 * 6 + 1, dtype=np.int32).reshape(4, 6)
+    bound = sb.bind({"bt": src})
+    with path(kind):
+        bound.refresh(4, 2, widths={"bt": 3})  # exactly the allocation: accepted
+        assert sb.full["bt"].tolist() == [[1, 2, 3], [7, 8, 9], [0, 0, 0], [0, 0, 0]]
+        bound.refresh(4, 1, widths={"bt": 0})
+        assert sb.full["bt"].tolist() == [[0, 0, 0]] * 4
+        before = contents(sb)
+        if overflow == "reject":
+            with pytest.raises(WidthError, match=r"buffer 'bt': source is 5 wide, above the captured"):
+                bound.refresh(4, 2, widths={"bt": 5})
+            assert contents(sb) == before
+        else:
+            bound.refresh(4, 2, widths={"bt": 5})
+            assert sb.full["bt"].tolist() == [[1, 2, 3], [7, 8, 9], [0, 0, 0], [0, 0, 0]]
+        with pytest.raises(RefreshError, match=r"width 7 outside the bound source's 0..6 columns"):
+            bound.refresh(4, 2, widths={"bt": 7})
+        with pytest.raises(RefreshError, match=r"width -1 outside"):
+            bound.refresh(4, 2, widths={"bt": -1})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("bound_", "bad", "msg"), [
+    ({"min": 0}, -3, r"value -3 at index \[1\] is below min 0"),
+    ({"max": 9}, 12, r"value 12 at index \[1\] is above max 9"),
+])  # fmt: skip
+def test_a_min_only_or_max_only_bound_is_checked_on_the_fast_path(
+    kind: str, bound_: dict, bad: int, msg: str
+) -> None:
+    """layout.py:109 ``bounded = b.min is not None or b.max is not None`` (mutant ``and``: a buffer with only
+    one bound counts as unbounded and the bound fast path skips its values)."""
+    sb = buffers({"lens": {"dtype": "int32", "rows": "requests", "pad": 0, **bound_}}, sizes=[4])
+    lens = np.array([1, 2, 3, 4], np.int32)
+    bound = sb.bind({"lens": lens})
+    with path(kind):
+        bound.refresh(4, 3)
+        lens[1] = bad
+        before = contents(sb)
+        with pytest.raises(RefreshError, match=msg):
+            bound.refresh(4, 3)
+        assert contents(sb) == before
+        with pytest.raises(RefreshError, match=msg):
+            sb.refresh(4, {"lens": lens[:3]})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_eager_one_request_past_the_largest_capture_with_num_reqs(kind: str) -> None:
+    """layout.py:125 ``if num_reqs < len(table)``: the table covers 0..largest requests; at exactly one more
+    (``num_reqs`` given, so the rows are looked up, not inferred) the rule is evaluated (mutant ``<=``:
+    IndexError)."""
+    sb = buffers(
+        {"lens": {"dtype": "int32", "rows": "requests", "pad": 0},
+         "qsl": {"dtype": "int32", "rows": "requests + 1", "pad": "repeat_last"}},
+        sizes=[2, 4], tpr=2,
+    )  # fmt: skip
+    n = 4 // 2 + 1  # largest capture: 2 requests; the table has 3 entries
+    before = contents(sb)
+    with path(kind):
+        out = sb.eager_inputs(2 * n, {"lens": [5, 6, 7], "qsl": [0, 1, 2, 3]}, num_reqs=n)
+        assert out["lens"].tolist() == [5, 6, 7] and out["qsl"].tolist() == [0, 1, 2, 3]
+        with pytest.raises(RefreshError, match=r"buffer 'qsl': 3 rows, but num_reqs implies 3 live requests"):
+            sb.eager_inputs(2 * n, {"lens": [5, 6, 7], "qsl": [0, 1, 2]}, num_reqs=n)
+        bound = sb.bind({"lens": np.arange(8, dtype=np.int32), "qsl": np.arange(9, dtype=np.int32)})
+        out = sb.eager_inputs(2 * n, bound, num_reqs=n)
+        assert out["lens"].tolist() == [0, 1, 2] and out["qsl"].tolist() == [0, 1, 2, 3]
+    assert contents(sb) == before
+    assert torch.equal(sb.full["lens"], torch.zeros(2, dtype=torch.int32))

@@ -1,0 +1,147 @@
+"""Pins for ``graphbuf/graphs/watch.py`` and ``graphbuf/graphs/runner.py`` (issue 24 §1), on the cpu emulator:
+each test fails on the mutant its docstring names (line numbers of main b2b8a44)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_spec import PAGED_SPEC
+
+import graphbuf
+from graphbuf import AddressChangedError, Graph, LivenessError, RefreshError
+from graphbuf.graphs.runner import Durations, GraphRunner, Step
+
+
+def _buffers() -> graphbuf.StaticBuffers:
+    return graphbuf.StaticBuffers(graphbuf.GraphSpec.model_validate(PAGED_SPEC))
+
+
+def _batch(lens: list[int]) -> dict[str, torch.Tensor]:
+    n = len(lens)
+    return {
+        "block_table": torch.arange(n * 8, dtype=torch.int32).reshape(n, 8) % 16,
+        "seq_lens": torch.tensor(lens, dtype=torch.int32),
+    }
+
+
+def _lens(step: Step) -> torch.Tensor:
+    return step.views["seq_lens"].float() * 2
+
+
+def test_watched_lists_the_buffers_of_each_size_by_name() -> None:
+    """watch.py:59 (``labels``) and runner.py:309 (``watched``): the labels of what is checked before a replay
+    of each size, buffers named by the runner: the one the callable reads first, the unread one appended by
+    ``name_inputs`` (mutant: ``return None`` or another size's graph)."""
+    runner = GraphRunner(_buffers(), _lens, output_rows="requests")
+    runner.capture()
+    for size in (2, 4, 8):
+        assert runner.watched(size) == (
+            f"buffer 'seq_lens' at size {size}",
+            f"buffer 'block_table' at size {size}",
+        )
+
+
+def test_name_inputs_watches_a_tensor_the_capture_did_not_use() -> None:
+    """watch.py:73 ``if id(t) not in out._ids``: a named tensor the work does not read is appended to the
+    watch (mutant ``in``: it is dropped, and its move goes unreported); a used one is renamed in place."""
+    g = Graph("cpu")
+    x = torch.ones(3)
+    with g.capture():
+        y = x * 2
+    extra = torch.zeros(2)
+    g.name_inputs({"the x": x, "extra": extra})
+    assert g.watched == ("the x", "extra")
+    g.replay()
+    torch.testing.assert_close(y, torch.full((3,), 2.0))
+    extra.set_(torch.zeros(5))
+    with pytest.raises(AddressChangedError, match=r"^before replay: extra moved: captured at 0x"):
+        g.check_inputs()
+    with pytest.raises(AddressChangedError, match=r"^replay: extra moved"):
+        g.replay()
+
+
+def test_name_inputs_keeps_a_freed_entry_reported() -> None:
+    """watch.py:68-70: a tensor freed before ``name_inputs`` keeps its entry, so the next check reports it
+    (mutant: ``continue`` without the append drops it)."""
+    g = Graph("cpu")
+    x = torch.ones(3)
+    with g.capture():
+        x.mul_(2)
+    label = g.watched[0]
+    del x
+    g.name_inputs({"other": torch.zeros(1)})
+    assert g.watched == (label, "other")
+    with pytest.raises(LivenessError, match=r"was freed after capture"):
+        g.check_inputs()
+
+
+def test_run_with_a_list_and_no_num_reqs_names_the_type() -> None:
+    """runner.py:330 ``raise RefreshError('run(): sources must be a mapping or BoundSources, ...')`` (mutant:
+    the check dropped, a list reaches ``.items()``: AttributeError)."""
+    bufs = _buffers()
+    runner = GraphRunner(bufs, _lens, output_rows="requests")
+    runner.capture()
+    slab = bufs.slab.numpy().tobytes()
+    with pytest.raises(RefreshError, match=r"^run\(\): sources must be a mapping or BoundSources, got list$"):
+        runner.run([torch.zeros(3, dtype=torch.int32)])  # type: ignore[arg-type]
+    assert bufs.slab.numpy().tobytes() == slab
+
+
+def test_one_rule_applies_to_every_output() -> None:
+    """runner.py:431 ``if len(rows) == 1: rows = rows * len(output)``: one ``output_rows`` rule cuts each of
+    a tuple's outputs (mutant: the rule applies to the first only, or the lengths are compared first and a
+    ValueError raised)."""
+
+    def two(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        lens = step.views["seq_lens"].float()
+        return lens + 1, step.views["block_table"].float().sum(1)
+
+    runner = GraphRunner(_buffers(), two, output_rows="requests")
+    runner.capture()
+    src = _batch([3, 1, 4])
+    a, b = runner.run(src)
+    torch.testing.assert_close(a, torch.tensor([4.0, 2.0, 5.0]))
+    torch.testing.assert_close(b, src["block_table"].float().sum(1))
+    runner2 = GraphRunner(_buffers(), two, output_rows=["requests", "requests - 1"])
+    runner2.capture()
+    a, b = runner2.run(src)
+    assert a.shape == (3,) and b.shape == (2,)
+
+
+def test_verification_reports_the_largest_error() -> None:
+    """runner.py:494 ``err = (g - w).abs().nan_to_num(inf).max()``: the refusal names the LARGEST absolute
+    error of the first replay against eager (mutants ``min``, a sign, or another reduction)."""
+    state = {"scale": torch.tensor(2.0)}
+
+    def fn(step: Step) -> torch.Tensor:
+        return step.views["seq_lens"].float() * state["scale"]
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests", verify=True)
+    runner.capture()
+    kept = state["scale"]
+    state["scale"] = torch.tensor(3.0)  # the graph still reads the old tensor: errors are the lengths
+    out = runner.run(_batch([1, 7, 2]))
+    torch.testing.assert_close(out, torch.tensor([3.0, 21.0, 6.0]))
+    assert runner.stats.refused == {
+        4: "first replay differs from eager: output 0 max abs error 7 (rtol=1e-05, atol=1e-05)"
+    }
+    assert kept.item() == 2.0
+
+
+def test_durations_keep_a_ring_of_the_latest_samples_and_print_their_summary() -> None:
+    """runner.py ``Durations``: ``RECENT`` is 1024 (mutant 1025), the ring keeps the latest, ``min``/``max``/
+    ``last``/``count``/``total`` follow every sample, ``clear`` forgets, and the repr gives count, total and
+    last."""
+    d = Durations()
+    assert Durations.RECENT == 1024 and d.min == float("inf") and d.max == 0.0
+    for i in range(1030):
+        d.add(float(i % 7) + 1.0)
+    assert len(d.recent) == 1024 and d.recent[0] == float(6 % 7) + 1.0 and d.recent[-1] == float(1029 % 7) + 1
+    assert d.count == 1030 and d.min == 1.0 and d.max == 7.0 and d.last == float(1029 % 7) + 1
+    assert d.total == sum(float(i % 7) + 1.0 for i in range(1030))
+    d.clear()
+    assert (d.count, d.total, d.last, d.min, d.max, d.recent) == (0, 0.0, 0.0, float("inf"), 0.0, ())
+    d.add(0.25)
+    d.add(0.5)
+    assert repr(d) == "Durations(count=2, total=0.75, last=0.5)"
+    assert (d.min, d.max) == (0.25, 0.5)
