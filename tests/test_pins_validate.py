@@ -54,7 +54,8 @@ def test_rows_that_match_no_request_count_are_named(kind: str) -> None:
         path(kind),
         pytest.raises(
             RefreshError,
-            match=r"^refresh\(size=8\): buffer 'slots': 3 rows match no live request count \(rows = tokens\)$",
+            match=r"^refresh\(size=8\): buffer 'slots': 3 rows match no live request count "
+            r"\(rows = tokens\)$",
         ),
     ):
         sb.refresh(8, {"slots": np.arange(3, dtype=np.int64)})
