@@ -135,3 +135,30 @@ def test_int64_edge_reached_by_addition_and_given_as_an_int() -> None:
     assert parse_expr("x + 1").eval({"x": 2**63 - 2}) == 2**63 - 1
     with pytest.raises(ExprError, match=r"'x' in 'x \+ 1' is beyond"):
         parse_expr("x + 1").eval({"x": 2**63})
+
+
+def test_an_expression_ending_early_says_what_was_expected() -> None:
+    """expr.py:97 ``want = f"{sym!r}" if sym else "a value"`` (mutmut ``xǁ_Parserǁtake__mutmut_4``: the
+    closing symbol replaced by "a value")."""
+    with pytest.raises(ExprError, match=r"^expression '\(1 \+ 2' ends early; expected '\)'$"):
+        parse_expr("(1 + 2")
+    with pytest.raises(ExprError, match=r"^expression '1 \+' ends early; expected a value$"):
+        parse_expr("1 +")
+
+
+def test_parenthesis_depth_is_restored_after_a_group_not_reset() -> None:
+    """expr.py:131 ``self.depth -= 1`` (mutmut ``xǁ_Parserǁexpr__mutmut_17``, ``self.depth = 1``: after an
+    inner group the depth would restart at 1, and a second group inside 30 parentheses could nest 71 deep)."""
+    inner = "(" * 10 + "1" + ")" * 10 + " + " + "(" * 40 + "1" + ")" * 40
+    with pytest.raises(ExprError, match=r"is nested deeper than 64 levels"):
+        parse_expr("(" * 30 + inner + ")" * 30)
+    assert parse_expr("(" * 20 + inner + ")" * 20).eval({}) == 2  # 1 + 20 + 40 = 61 levels
+
+
+def test_a_long_expression_is_quoted_by_its_first_sixty_characters() -> None:
+    """expr.py:64 ``_clip`` (mutmut ``x__clip__mutmut_7``: the quoted prefix replaced by ``None``): an error
+    about a long expression quotes its first 60 characters and gives its length."""
+    with pytest.raises(ExprError, match=r"^expression 'a{60}'\.\.\. \(1072 characters\) is longer"):
+        parse_expr("a" * 70 + " +" + " " * 1000)
+    with pytest.raises(ExprError, match=r"division by zero in 'a{60}'\.\.\. \(73 characters\)"):
+        parse_expr("a" * 68 + " // 0").eval({"a" * 68: 1})

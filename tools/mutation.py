@@ -60,10 +60,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 }
 
 #: Functions that run only with a cuda/npu device (their mutants cannot be killed on a cpu-only machine):
-#: module -> regular expression over mutmut's mutant names.
+#: module -> regular expression over mutmut's mutant names. (Staged uploads, ``Committer._upload``, run on
+#: the cpu too: ``staging=2``.)
 DEVICE_ONLY: dict[str, str] = {
     "refresh.validate": r"_check_values_device__mutmut",
-    "refresh.commit": r"ǁCommitterǁ_upload__mutmut",
     "graphs.runner": r"ǁGraphRunnerǁ_warm__mutmut",
 }
 
