@@ -56,7 +56,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         ["tests/test_spec.py", "tests/test_spec_hostile.py", "tests/test_pins_spec.py"],
     ),
     "expr": ("graphbuf/expr.py", ["tests/test_expr.py", "tests/test_pins_spec.py"]),
-    "planner": ("graphbuf/planner.py", ["tests/test_plan.py", "tests/test_pins_planner.py"]),
+    "planner": (
+        "graphbuf/planner.py",
+        ["tests/test_plan.py", "tests/test_route_costs.py", "tests/test_pins_planner.py"],
+    ),
 }
 
 #: Functions that run only with a cuda/npu device (their mutants cannot be killed on a cpu-only machine):
