@@ -8,7 +8,7 @@ import pytest
 import torch
 from pins import buffers, contents, path
 
-from graphbuf import RefreshError, WidthError
+from graphbuf import AddressChangedError, RefreshError, WidthError
 
 KINDS = ["numpy", "kernel"]
 
@@ -146,3 +146,43 @@ def test_eager_one_request_past_the_largest_capture_with_num_reqs(kind: str) -> 
         assert out["lens"].tolist() == [0, 1, 2] and out["qsl"].tolist() == [0, 1, 2, 3]
     assert contents(sb) == before
     assert torch.equal(sb.full["lens"], torch.zeros(2, dtype=torch.int32))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Survivors of tools/mutation.py (mutmut names: build/mutation/refresh.bound)
+
+
+def test_bind_refuses_a_tensor_without_a_numpy_view_with_the_full_reason() -> None:
+    """``BoundSources.__init__`` (``__init____mutmut_39``/``_46``/``_47``: the label, the layout, the
+    advice)."""
+    sb = buffers({"x": {"dtype": "float32", "rows": "requests"}}, sizes=[4])
+    with pytest.raises(RefreshError) as err:
+        sb.bind({"x": torch.zeros(4, dtype=torch.complex64)})
+    assert str(err.value) == (
+        "bind(): buffer 'x': a complex64 strided tensor has no numpy view; bind a dense tensor of a "
+        "numpy-compatible dtype or pass it to refresh()"
+    )
+    with pytest.raises(
+        RefreshError, match=r"^bind\(\): buffer 'x': a float32 sparse_coo tensor has no numpy"
+    ):
+        sb.bind({"x": torch.zeros(4).to_sparse()})
+
+
+def test_bound_sources_repr_and_moved_message() -> None:
+    """``__repr__`` (``__repr____mutmut_2``) and the full ``check_moved`` message
+    (``check_moved__mutmut_13``)."""
+    sb = buffers(
+        {"a": {"dtype": "int32", "rows": "requests"}, "b": {"dtype": "int32", "rows": "requests"}}, sizes=[4]
+    )
+    a = torch.zeros(4, dtype=torch.int32)
+    bound = sb.bind({"a": a, "b": np.zeros(4, np.int32)})
+    assert repr(bound) == "BoundSources(a, b)" and bound.names == ("a", "b")
+    ptr = a.data_ptr()
+    a.set_(torch.zeros(6, dtype=torch.int32))
+    with pytest.raises(AddressChangedError) as err:
+        bound.refresh(4, 2)
+    assert str(err.value) == (
+        f"refresh(size=4): bound source 'a' moved: bound at {ptr:#x} shape [4] stride [1], now "
+        f"{a.data_ptr():#x} shape [6] stride [1]; a bound tensor must keep its address and layout (set_ "
+        "rebinds, resize_ reshapes): bind it again"
+    )
