@@ -23,7 +23,6 @@ import contextlib
 import copy
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the orac
 
 from conftest import SMALL_SPEC
 from paged_spec import PAGED_SPEC
+from pins import numpy_path
 from slab_oracle import expected_buffer
 
 from graphbuf import GraphbufError, GraphSpec, StaticBuffers
@@ -66,16 +66,6 @@ DTYPES_SPEC: dict[str, Any] = {
 }  # fmt: skip
 
 SPECS = {"small": SMALL_SPEC, "paged": PAGED_SPEC, "dtypes": DTYPES_SPEC}
-
-
-@contextlib.contextmanager
-def numpy_path() -> Iterator[None]:
-    saved = native.KERNEL
-    native.KERNEL = None
-    try:
-        yield
-    finally:
-        native.KERNEL = saved
 
 
 @dataclass
