@@ -11,7 +11,8 @@ writes of several Python functions in one C call, so those mutants would survive
 ``--sample N`` runs N mutants drawn with ``--seed`` from each module's (all are generated; the tests' stats
 are collected once). Mutants listed in ``tests/mutation/EQUIVALENT.md`` (equivalent: no input tells them
 apart) and the device-only functions of :data:`DEVICE_ONLY` (reached only with a cuda/npu device) are left
-out of the score and counted apart. Prints one line per module and writes ``build/mutation/report.json``;
+out of the score and counted apart. Prints one line per module and writes ``build/mutation/report.json``
+(``--report``);
 ``--survivors`` prints each surviving mutant's diff. Needs ``pip install -e '.[mutation]'``. Not part of
 ``.ci/run`` (minutes per module); run before a release or after changing a core module.
 """
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel", action="store_true", help="keep the native kernel (default: numpy path)")
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--survivors", action="store_true", help="print each survivor's diff (mutmut show)")
+    ap.add_argument("--report", type=Path, default=WORK / "report.json", help="where the JSON report goes")
     args = ap.parse_args(argv)
     env = dict(os.environ)
     if not args.kernel:
@@ -192,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {why}: {name}")
             if args.survivors:
                 subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=r["work"], check=False)
-    WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / "report.json").write_text(json.dumps(reports, indent=1), encoding="utf-8")
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(json.dumps(reports, indent=1), encoding="utf-8")
     return 0
 
 
