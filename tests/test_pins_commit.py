@@ -83,3 +83,20 @@ def test_a_zero_wide_source_moves_no_bytes_of_its_buffer(kind: str, staging: int
         sb.refresh(4, {"bt": np.zeros((1, 0), dtype=np.int32)})
         assert sb.stats.last_bytes == 0
         assert sb.stats.refreshes == 4 and sb.stats.total_bytes == 3 * 3 * 4 + 2 * 3 * 4
+
+
+@pytest.mark.parametrize("kind", ["numpy", "kernel"])
+def test_a_source_viewing_another_buffer_is_read_before_that_buffer_is_written(kind: str) -> None:
+    """commit.py ``_detached`` and ``Committer._write_numpy`` (mutmut ``x__detached__mutmut_3``/``_5``,
+    ``_write_numpy__mutmut_8``): ``b``'s source is a view of buffer ``a``, which the same refresh writes
+    first; ``b`` gets the values that were checked (``a``'s old ones), not ``a``'s new ones."""
+    sb = buffers(
+        {"a": {"dtype": "int32", "rows": "requests", "max": 50}, "b": {"dtype": "int32", "rows": "requests"}},
+        sizes=[4],
+    )
+    with path(kind):
+        sb.refresh(4, {"a": np.array([1, 2, 3], np.int32), "b": np.zeros(3, np.int32)})
+        view = sb.full["a"][:3].numpy()
+        sb.refresh(4, {"a": np.array([7, 8, 9], np.int32), "b": view})
+    assert sb.full["a"].tolist() == [7, 8, 9, 0]
+    assert sb.full["b"].tolist() == [1, 2, 3, 0]
