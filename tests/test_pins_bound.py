@@ -186,3 +186,31 @@ def test_bound_sources_repr_and_moved_message() -> None:
         f"{a.data_ptr():#x} shape [6] stride [1]; a bound tensor must keep its address and layout (set_ "
         "rebinds, resize_ reshapes): bind it again"
     )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_eager_inputs_have_the_buffer_dtypes_shapes_and_padded_cells(kind: str) -> None:
+    """``refresh/eager.py`` ``build_eager`` (mutmut ``x_build_eager__mutmut_10``/``_14``/``_20``/``_23``/
+    ``_36``: the image's dtype, its 2-D shape, the width and column mark of the write, the bfloat16 view):
+    each eager tensor is the buffer at the eager size, equal to the oracle."""
+    from slab_oracle import expected_buffer
+
+    bufs = {
+        "bt": {"dtype": "int32", "rows": "requests", "cols": 4, "pad": -1},
+        "w": {"dtype": "bfloat16", "rows": "requests", "cols": 2, "pad": 0.5},
+        "qsl": {"dtype": "int64", "rows": "requests + 1", "pad": "repeat_last"},
+    }
+    sb = buffers(bufs, sizes=[2])
+    bt = np.arange(15, dtype=np.int32).reshape(5, 3)
+    w = np.arange(10, dtype=np.int8).reshape(5, 2)
+    qsl = np.arange(6, dtype=np.int64)
+    with path(kind):
+        out = sb.eager_inputs(7, {"bt": bt, "w": w, "qsl": qsl}, num_reqs=5)
+    want = {
+        "bt": expected_buffer((7, 4), bt, end=0, pad=-1, repeat_last=False, dtype=torch.int32),
+        "w": expected_buffer((7, 2), w, end=0, pad=0.5, repeat_last=False, dtype=torch.bfloat16),
+        "qsl": expected_buffer((8,), qsl, end=8, pad=0, repeat_last=True, dtype=torch.int64),
+    }
+    for name, t in want.items():
+        assert out[name].dtype == t.dtype and out[name].shape == t.shape, name
+        assert torch.equal(out[name], t), (name, out[name], t)
