@@ -214,3 +214,39 @@ def test_eager_inputs_have_the_buffer_dtypes_shapes_and_padded_cells(kind: str) 
     for name, t in want.items():
         assert out[name].dtype == t.dtype and out[name].shape == t.shape, name
         assert torch.equal(out[name], t), (name, out[name], t)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_past_the_table_and_fixed_rows_on_the_checked_path(kind: str) -> None:
+    """``Layout.rows_at`` (mutmut ``rows_at__mutmut_4``/``_6``/``_7``: a fixed-rows buffer's rows are its
+    capacity at the size, read on the bound checked path; ``rows_at__mutmut_11``: past the table a
+    ``tokens`` rule is evaluated with ``tokens``) and ``Layout.capacity`` at an eager size
+    (``capacity__mutmut_15``: a 2-D buffer's columns)."""
+    sb = buffers(
+        {"slots": {"dtype": "int64", "rows": "tokens", "pad": -1},
+         "fixed": {"dtype": "int32", "rows": 3, "pad": 7},
+         "f": {"dtype": "float32", "rows": "requests", "cols": 2, "pad": 0.0}},
+        sizes=[2], tpr=2,
+    )  # fmt: skip
+    slots = np.arange(20, dtype=np.int64)
+    fixed = np.array([4, 5, 6, 9], np.int32)
+    f = np.ones((10, 3), np.float32)
+    bound = sb.bind({"slots": slots, "fixed": fixed, "f": f})  # a float source: every refresh is checked
+    with path(kind):
+        bound.refresh(2, 1, widths={"f": 2})
+        assert sb.full["fixed"].tolist() == [4, 5, 6] and sb.full["slots"].tolist() == [0, 1]
+        out = sb.eager_inputs(8, bound, num_reqs=4, widths={"f": 1})
+    assert out["slots"].tolist() == list(range(8))
+    assert out["fixed"].tolist() == [4, 5, 6]
+    assert out["f"].tolist() == [[1.0, 0.0]] * 4
+
+
+def test_a_mapping_refresh_of_a_non_mapping_names_the_type() -> None:
+    """``prepare_mapping`` (mutmut ``x_prepare_mapping__mutmut_2``/``_3``: the message)."""
+    sb = buffers({"x": {"dtype": "int32", "rows": "requests"}}, sizes=[4])
+    with pytest.raises(RefreshError) as err:
+        sb.refresh(4, [np.zeros(2, np.int32)])  # type: ignore[arg-type]
+    assert str(err.value) == (
+        "refresh(size=4): sources must be a mapping of buffer name to source, or BoundSources from bind(); "
+        "got list"
+    )
