@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from pins import buffers, contents, numpy_path, path
 
 from graphbuf import RefreshError
@@ -62,3 +63,57 @@ def test_rows_that_match_no_request_count_are_named(kind: str) -> None:
     assert contents(sb) == before
     with path(kind):
         assert sb.refresh(8, {"slots": np.arange(4, dtype=np.int64)}) == 2  # 4 rows: 2 requests
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Survivors of tools/mutation.py (mutmut names: build/mutation/refresh.validate)
+
+
+def test_a_torch_dtype_numpy_lacks_is_refused_by_name() -> None:
+    """``_check_torch_dtype`` (mutmut ``x__check_torch_dtype__mutmut_10``: ``not in NP_OF_TORCH`` would look
+    the complex dtype up and fail untyped)."""
+    sb = buffers({"x": {"dtype": "float64", "rows": "requests"}}, sizes=[4])
+    with pytest.raises(
+        RefreshError, match=r"^refresh\(size=4\): buffer 'x': dtype complex64 cannot be cast "
+    ):
+        sb.refresh(4, {"x": torch.zeros(2, dtype=torch.complex64)})
+
+
+@pytest.mark.parametrize(("dtype", "values", "msg"), [
+    ("bfloat16", [1, 257], r"value 257 at index \[1\] is not exactly representable in bfloat16 \(it would "
+                           r"become 256\)"),
+    ("float32", [1.0, 1e39], r"value 1e\+39 does not fit float32 \(largest finite 3\.40282e\+38\)"),
+    ("float32", [1.0, 1e-39], r"value 1e-39 underflows float32 \(smallest normal 1\.17549e-38\)"),
+])  # fmt: skip
+def test_list_values_a_float_buffer_cannot_hold_are_named(dtype: str, values: list, msg: str) -> None:
+    """``_from_list`` (mutmut ``x__from_list__mutmut_129``: the index built from ``int(None)``;
+    ``x__from_list__mutmut_158``: the buffer's name dropped from a float error)."""
+    sb = buffers({"x": {"dtype": dtype, "rows": "requests"}}, sizes=[4])
+    with pytest.raises(RefreshError, match=rf"^refresh\(size=4\): buffer 'x': {msg}$"):
+        sb.refresh(4, {"x": values})
+
+
+def test_widths_must_be_a_mapping() -> None:
+    """``check_widths`` (mutmut ``x_check_widths__mutmut_4``: the negation dropped, a list reaches
+    ``.items()``); any Mapping is accepted."""
+    from types import MappingProxyType
+
+    sb = buffers({"bt": {"dtype": "int32", "rows": "requests", "cols": 3}}, sizes=[4])
+    bound = sb.bind({"bt": np.ones((4, 3), np.int32)})
+    with pytest.raises(RefreshError, match=r"widths must be a mapping of buffer name to width, got list"):
+        bound.refresh(4, 2, widths=[2])  # type: ignore[arg-type]
+    bound.refresh(4, 2, widths=MappingProxyType({"bt": 2}))
+    assert sb.full["bt"].tolist() == [[1, 1, 0], [1, 1, 0], [0, 0, 0], [0, 0, 0]]
+
+
+def test_values_past_the_live_width_are_not_checked() -> None:
+    """A bound source with exactly the live rows is cut to the live width before its values are checked: a
+    stale out-of-range value in a column past it is not read. (Mutmut ``x_live_fits__mutmut_20`` only sends
+    such a source to the checked path, which slices it and accepts it: listed as equivalent.)"""
+    sb = buffers({"bt": {"dtype": "int32", "rows": "requests", "cols": 4, "min": 0, "max": 9}}, sizes=[4])
+    src = np.ones((4, 6), np.int32)
+    src[:, 5] = 1000  # stale, past the live width
+    bound = sb.bind({"bt": src})
+    with numpy_path():
+        bound.refresh(4, 4, widths={"bt": 3})
+    assert sb.full["bt"].tolist() == [[1, 1, 1, 0]] * 4
