@@ -45,7 +45,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
     "refresh.bound": ("graphbuf/refresh/bound.py", ["tests/test_bound.py", "tests/test_pins_bound.py"]),
     "refresh.layout": ("graphbuf/refresh/layout.py", ["tests/test_refresh.py", "tests/test_pins_bound.py"]),
-    "refresh.mapping": ("graphbuf/refresh/mapping.py", ["tests/test_refresh.py"]),
+    "refresh.mapping": ("graphbuf/refresh/mapping.py", ["tests/test_refresh.py", "tests/test_pins_bound.py"]),
     "refresh.eager": ("graphbuf/refresh/eager.py", ["tests/test_refresh.py", "tests/test_pins_bound.py"]),
     "graphs.watch": (
         "graphbuf/graphs/watch.py",
