@@ -100,3 +100,17 @@ def test_a_source_viewing_another_buffer_is_read_before_that_buffer_is_written(k
         sb.refresh(4, {"a": np.array([7, 8, 9], np.int32), "b": view})
     assert sb.full["a"].tolist() == [7, 8, 9, 0]
     assert sb.full["b"].tolist() == [1, 2, 3, 0]
+
+
+def test_staging_copies_are_used_in_turn() -> None:
+    """``Committer._upload`` (mutmut ``xǁCommitterǁ_upload__mutmut_47``: ``(k + 2) % depth``): each staged
+    refresh assembles in the next staging copy, round robin."""
+    sb = buffers({"x": {"dtype": "int32", "rows": "requests"}}, sizes=[4], staging=3)
+    commit = sb._commit  # the committer's own turn counter: nothing else shows it on the cpu
+    assert commit.depth == 3 and sb.staging == 3
+    turns = []
+    for n in (1, 2, 3, 4):
+        sb.refresh(4, {"x": np.arange(n, dtype=np.int32)})
+        turns.append(commit.turn)
+    assert turns == [1, 2, 0, 1]
+    assert sb.full["x"].tolist() == [0, 1, 2, 3]
