@@ -1,0 +1,312 @@
+"""Pins for ``graphbuf/graphs/watch.py`` and ``graphbuf/graphs/runner.py`` (issue 24 §1), on the cpu emulator:
+each test fails on the mutant its docstring names (line numbers of main b2b8a44)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from paged_spec import PAGED_SPEC
+
+import graphbuf
+from graphbuf import AddressChangedError, Graph, LivenessError, RefreshError
+from graphbuf.graphs.runner import Durations, GraphRunner, Step
+
+
+def _buffers() -> graphbuf.StaticBuffers:
+    return graphbuf.StaticBuffers(graphbuf.GraphSpec.model_validate(PAGED_SPEC))
+
+
+def _batch(lens: list[int]) -> dict[str, torch.Tensor]:
+    n = len(lens)
+    return {
+        "block_table": torch.arange(n * 8, dtype=torch.int32).reshape(n, 8) % 16,
+        "seq_lens": torch.tensor(lens, dtype=torch.int32),
+    }
+
+
+def _lens(step: Step) -> torch.Tensor:
+    return step.views["seq_lens"].float() * 2
+
+
+def test_watched_lists_the_buffers_of_each_size_by_name() -> None:
+    """watch.py:59 (``labels``) and runner.py:309 (``watched``): the labels of what is checked before a replay
+    of each size, buffers named by the runner: the one the callable reads first, the unread one appended by
+    ``name_inputs`` (mutant: ``return None`` or another size's graph)."""
+    runner = GraphRunner(_buffers(), _lens, output_rows="requests")
+    runner.capture()
+    for size in (2, 4, 8):
+        assert runner.watched(size) == (
+            f"buffer 'seq_lens' at size {size}",
+            f"buffer 'block_table' at size {size}",
+        )
+
+
+def test_name_inputs_watches_a_tensor_the_capture_did_not_use() -> None:
+    """watch.py:73 ``if id(t) not in out._ids``: a named tensor the work does not read is appended to the
+    watch (mutant ``in``: it is dropped, and its move goes unreported); a used one is renamed in place."""
+    g = Graph("cpu")
+    x = torch.ones(3)
+    with g.capture():
+        y = x * 2
+    extra = torch.zeros(2)
+    g.name_inputs({"the x": x, "extra": extra})
+    assert g.watched == ("the x", "extra")
+    g.replay()
+    torch.testing.assert_close(y, torch.full((3,), 2.0))
+    extra.set_(torch.zeros(5))
+    with pytest.raises(AddressChangedError, match=r"^before replay: extra moved: captured at 0x"):
+        g.check_inputs()
+    with pytest.raises(AddressChangedError, match=r"^replay: extra moved"):
+        g.replay()
+
+
+def test_name_inputs_keeps_a_freed_entry_reported() -> None:
+    """watch.py:68-70: a tensor freed before ``name_inputs`` keeps its entry, so the next check reports it
+    (mutant: ``continue`` without the append drops it)."""
+    g = Graph("cpu")
+    x = torch.ones(3)
+    with g.capture():
+        x.mul_(2)
+    label = g.watched[0]
+    del x
+    g.name_inputs({"other": torch.zeros(1)})
+    assert g.watched == (label, "other")
+    with pytest.raises(LivenessError, match=r"was freed after capture"):
+        g.check_inputs()
+
+
+def test_run_with_a_list_and_no_num_reqs_names_the_type() -> None:
+    """runner.py:330 ``raise RefreshError('run(): sources must be a mapping or BoundSources, ...')`` (mutant:
+    the check dropped, a list reaches ``.items()``: AttributeError)."""
+    bufs = _buffers()
+    runner = GraphRunner(bufs, _lens, output_rows="requests")
+    runner.capture()
+    slab = bufs.slab.numpy().tobytes()
+    with pytest.raises(RefreshError, match=r"^run\(\): sources must be a mapping or BoundSources, got list$"):
+        runner.run([torch.zeros(3, dtype=torch.int32)])  # type: ignore[arg-type]
+    assert bufs.slab.numpy().tobytes() == slab
+
+
+def test_one_rule_applies_to_every_output() -> None:
+    """runner.py:431 ``if len(rows) == 1: rows = rows * len(output)``: one ``output_rows`` rule cuts each of
+    a tuple's outputs (mutant: the rule applies to the first only, or the lengths are compared first and a
+    ValueError raised)."""
+
+    def two(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        lens = step.views["seq_lens"].float()
+        return lens + 1, step.views["block_table"].float().sum(1)
+
+    runner = GraphRunner(_buffers(), two, output_rows="requests")
+    runner.capture()
+    src = _batch([3, 1, 4])
+    a, b = runner.run(src)
+    torch.testing.assert_close(a, torch.tensor([4.0, 2.0, 5.0]))
+    torch.testing.assert_close(b, src["block_table"].float().sum(1))
+    runner2 = GraphRunner(_buffers(), two, output_rows=["requests", "requests - 1"])
+    runner2.capture()
+    a, b = runner2.run(src)
+    assert a.shape == (3,) and b.shape == (2,)
+
+
+def test_verification_reports_the_largest_error() -> None:
+    """runner.py:494 ``err = (g - w).abs().nan_to_num(inf).max()``: the refusal names the LARGEST absolute
+    error of the first replay against eager (mutants ``min``, a sign, or another reduction)."""
+    state = {"scale": torch.tensor(2.0)}
+
+    def fn(step: Step) -> torch.Tensor:
+        return step.views["seq_lens"].float() * state["scale"]
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests", verify=True)
+    runner.capture()
+    kept = state["scale"]
+    state["scale"] = torch.tensor(3.0)  # the graph still reads the old tensor: errors are the lengths
+    out = runner.run(_batch([1, 7, 2]))
+    torch.testing.assert_close(out, torch.tensor([3.0, 21.0, 6.0]))
+    assert runner.stats.refused == {
+        4: "first replay differs from eager: output 0 max abs error 7 (rtol=1e-05, atol=1e-05)"
+    }
+    assert kept.item() == 2.0
+
+
+def test_durations_keep_a_ring_of_the_latest_samples_and_print_their_summary() -> None:
+    """runner.py ``Durations``: ``RECENT`` is 1024 (mutant 1025), the ring keeps the latest, ``min``/``max``/
+    ``last``/``count``/``total`` follow every sample, ``clear`` forgets, and the repr gives count, total and
+    last."""
+    d = Durations()
+    assert Durations.RECENT == 1024 and d.min == float("inf") and d.max == 0.0
+    for i in range(1030):
+        d.add(float(i % 7) + 1.0)
+    assert len(d.recent) == 1024 and d.recent[0] == float(6 % 7) + 1.0 and d.recent[-1] == float(1029 % 7) + 1
+    assert d.count == 1030 and d.min == 1.0 and d.max == 7.0 and d.last == float(1029 % 7) + 1
+    assert d.total == sum(float(i % 7) + 1.0 for i in range(1030))
+    d.clear()
+    assert (d.count, d.total, d.last, d.min, d.max, d.recent) == (0, 0.0, 0.0, float("inf"), 0.0, ())
+    d.add(0.25)
+    d.add(0.5)
+    assert repr(d) == "Durations(count=2, total=0.75, last=0.5)"
+    assert (d.min, d.max) == (0.25, 0.5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Survivors of tools/mutation.py (mutmut names: build/mutation/graphs.runner, graphs.watch)
+
+
+def _small_buffers() -> graphbuf.StaticBuffers:
+    from conftest import SMALL_SPEC
+
+    return graphbuf.StaticBuffers(graphbuf.GraphSpec.model_validate(SMALL_SPEC))
+
+
+def test_tokens_rule_counts_tokens_per_request() -> None:
+    """``_parse_rows`` allows ``tokens`` and ``live_rows`` binds it to ``live * tokens_per_request``
+    (``x__parse_rows__mutmut_17``, ``live_rows__mutmut_8``/``_9``: ``TOKENS``, ``live / tpr``)."""
+    bufs = _small_buffers()  # 2 tokens per request
+
+    def fn(step: Step) -> torch.Tensor:
+        return step.views["slot_mapping"].float() + 1
+
+    runner = GraphRunner(bufs, fn)  # output_rows defaults to "tokens"
+    runner.capture()
+    src = {
+        "block_table.a": [[1, 2]], "block_table.b": [[3]], "seq_lens": [5], "query_start_loc": [0, 2],
+        "slot_mapping": [10, 11],
+    }  # fmt: skip
+    out = runner.run(src)
+    torch.testing.assert_close(out, torch.tensor([11.0, 12.0]))
+
+
+def test_eager_steps_are_counted_sized_and_given_their_widths() -> None:
+    """``_eager``: each eager step counts (``_eager__mutmut_11``: ``= 1``), the callable sees the live token
+    count as ``step.size`` (``_eager__mutmut_22``) and bound ``widths`` reach the eager inputs
+    (``_eager__mutmut_5``/``_9``); a replayed bound run honours them too (``_run__mutmut_52``/``_54``)."""
+    sizes: list[int] = []
+
+    def fn(step: Step) -> torch.Tensor:
+        if step.graph is None:
+            sizes.append(step.size)
+        return step.views["block_table"].sum(1).float() + step.views["seq_lens"].float()
+
+    bufs = _buffers()
+    runner = GraphRunner(bufs, fn, output_rows="requests")
+    runner.capture()
+    bt = torch.arange(16 * 10, dtype=torch.int32).reshape(16, 10) % 16
+    lens = torch.arange(16, dtype=torch.int32)
+    bound = bufs.bind({"block_table": bt, "seq_lens": lens})
+    want = lambda n: bt[:n, :3].sum(1).float() + lens[:n].float()  # noqa: E731
+    torch.testing.assert_close(runner.run(bound, num_reqs=11, widths={"block_table": 3}), want(11))
+    torch.testing.assert_close(runner.run(bound, num_reqs=12, widths={"block_table": 3}), want(12))
+    assert runner.stats.eager == 2 and sizes == [11, 12]
+    torch.testing.assert_close(runner.run(bound, num_reqs=3, widths={"block_table": 3}), want(3))
+    assert runner.stats.replays == 1
+
+
+def test_capture_passes_each_size_to_host_args_and_a_step_reads_its_kind() -> None:
+    """``_capture`` calls ``host_args(size)`` per size (``_capture__mutmut_15``: ``host_args(None)``), and
+    ``Step.task`` reads the step's host arguments by the task's kind (``Step.task__mutmut_2``)."""
+    seen: list[object] = []
+    got: list[float] = []
+
+    def scale(x: torch.Tensor, out: torch.Tensor, *, factor: float) -> torch.Tensor:
+        got.append(factor)
+        return torch.mul(x, factor, out=out)
+
+    outs = {s: torch.zeros(s) for s in (2, 4, 8)}
+
+    def fn(step: Step) -> torch.Tensor:
+        out = outs[step.size] if step.graph is not None else torch.zeros(step.size)
+        step.task("attention", scale, step.views["seq_lens"].float(), out, factor=1.0)
+        return out
+
+    def args(size: int) -> dict[str, dict[str, float]]:
+        seen.append(size)
+        return {"attention": {"factor": 2.0}}
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests")
+    runner.capture(host_args=args)
+    assert seen == [8, 4, 2] and got == [2.0, 2.0, 2.0]
+    got.clear()
+    out = runner.run(_batch([1, 2, 3] * 4), host_args={"attention": {"factor": 3.0}})  # 12: eager
+    torch.testing.assert_close(out, torch.tensor([3.0, 6.0, 9.0] * 4))
+    assert got == [3.0]
+
+
+def test_without_verify_a_run_never_calls_the_callable_and_timings_are_durations() -> None:
+    """``_run``: ``if self.verify and not captured.verified`` (``_run__mutmut_79``: ``or`` would run the
+    callable eagerly on every first replay); ``refresh_s`` records each refresh's duration, a small
+    non-negative number of seconds (``_run__mutmut_63``: ``perf_counter() + t0``)."""
+    calls = []
+
+    def fn(step: Step) -> torch.Tensor:
+        calls.append(step.graph is None)
+        return step.views["seq_lens"].float() * 2
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests")
+    runner.capture()
+    before = len(calls)
+    t0 = time.perf_counter()
+    for n in (1, 3, 5, 3):
+        runner.run(_batch(list(range(n))))
+    elapsed = time.perf_counter() - t0
+    assert len(calls) == before
+    d = runner.stats.refresh_s
+    assert d.count == 4 and 0.0 <= d.min <= d.max <= d.total <= elapsed
+
+
+def test_first_use_verification_runs_the_step_with_the_live_request_count() -> None:
+    """``_run``: the eager step of first-use verification carries ``requests = live`` (``_run__mutmut_89``:
+    ``None``)."""
+    requests: list[object] = []
+
+    def fn(step: Step) -> torch.Tensor:
+        if step.graph is None:
+            requests.append(step.requests)
+        return step.views["seq_lens"].float()
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests", verify=True)
+    runner.capture()
+    runner.run(_batch([4, 5, 6]))
+    assert requests == [3] and runner.stats.refused == {}
+
+
+def test_watch_check_returns_the_checked_tensors_tagged_with_their_watch() -> None:
+    """``Watch.check``: the default ``where`` is ``replay`` (``check__mutmut_2``), the result carries its
+    watch so a replay can skip a second check (``check__mutmut_5``)."""
+    from graphbuf.graphs.watch import Watch
+
+    a, b = torch.zeros(2), torch.ones(3)
+    w = Watch([("a", a), ("b", b), ("a again", a)])
+    checked = w.check()
+    assert checked.watch is w and list(checked) == [a, b, a] and len(w) == 3
+    b.resize_(4)
+    with pytest.raises(AddressChangedError, match=r"^replay: b moved"):
+        w.check()
+
+
+def test_watch_errors_say_what_happened_and_what_to_do() -> None:
+    """The full texts of the freed and moved errors (``_error__mutmut_13``/``_25``/``_26``/``_28``)."""
+    from graphbuf.graphs.watch import Watch
+
+    a = torch.zeros(2)
+    ptr = a.data_ptr()
+    w = Watch([("a", a)])
+    a.set_(torch.zeros(2, 2))
+    with pytest.raises(AddressChangedError) as moved:
+        w.check("before replay")
+    assert str(moved.value) == (
+        f"before replay: a moved: captured at {ptr:#x} shape [2] stride [1], now {a.data_ptr():#x} "
+        "shape [2, 2] stride [2, 1]; the graph still uses the captured address. It was rebound (set_ or a "
+        "new tensor), resized or restrided instead of written in place; copy into it (t.copy_(new)) or "
+        "capture again."
+    )
+    c = torch.zeros(3)
+    ptr = c.data_ptr()
+    w = Watch([("c", c)])
+    del c
+    with pytest.raises(LivenessError) as freed:
+        w.check()
+    assert str(freed.value) == (
+        f"replay: c (captured at {ptr:#x}, shape [3]) was freed after capture; the graph would read or write "
+        "released memory. Keep every tensor a graph uses alive as long as the graph, or capture again."
+    )
