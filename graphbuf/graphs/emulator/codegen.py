@@ -19,7 +19,7 @@ class Call:
     (``results``, shaped like the node's) bind transient slots; slots in ``copies`` are static results the
     returned tensors are copied into."""
 
-    __slots__ = ("copies", "fn", "kw", "pos", "results", "single")
+    __slots__ = ("arg_slots", "copies", "fn", "kw", "pos", "result_slots", "results", "single")
 
     def __init__(
         self,
@@ -36,10 +36,13 @@ class Call:
         self.results = results
         self.single = single
         self.copies = copies
+        # Found once: a recording is compiled again after every task update, mostly of unchanged calls.
+        self.arg_slots = slots_in(self.pos) + slots_in(self.kw)
+        self.result_slots = slots_in(results)
 
     def reads(self) -> list[int]:
         """Indices of the transient slots this call reads."""
-        return [s.index for s in slots_in(self.pos) + slots_in(self.kw) if s.transient]
+        return [s.index for s in self.arg_slots if s.transient]
 
     def returns(self) -> list[tuple[str, Slot]]:
         """(subscript into the call's return value, slot) for every slot it returns."""
