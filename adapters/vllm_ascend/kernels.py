@@ -10,9 +10,9 @@ verify, decode with device lengths     ``npu_fusion_attention_v3`` (BNSD,     ``
 (dense gather path; routed attention)  B1SS bool mask, sparse_mode 0):        bnsd`` (software custom op)
                                        ordinary captured kernel
 blockwise verify / decode              none: plain tensor ops                 the same tensor ops
-decode with host KV lengths            ``npu_fused_infer_attention_score      the software path (gather,
-(:func:`paged_decode_bnsd`, the        .out`` (BNSD query, paged KV): the     mask) reading the host list
-decode task)                           only op of its task group
+decode with host KV lengths            ``npu_fused_infer_attention_score      :func:`paged_decode_software`
+(:func:`paged_decode_bnsd`, the        .out`` (BNSD query, paged KV): the     (each request its own blocks,
+decode task)                           only op of its task group              lengths from the host list)
 =====================================  =====================================  ==============================
 
 Not used anywhere: ``npu_fusion_attention`` (documented unsupported in graph mode and aclgraph; with
