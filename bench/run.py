@@ -18,6 +18,8 @@ Benchmarks, in order, each in this process (JSON file in ``--out``):
   ``graphbuf plan``'s figures for them), time, agreement.
 * ``cli`` (``cli.json``): ``graphbuf check`` wall time on the shipped spec in fresh interpreters (target
   ≤ 0.3 s; ``bench/bench_cli.py``).
+* ``drill`` (``drill.json``): ``graphbuf drill`` on the shipped spec by phase (import, capture, refresh, task
+  update, replay, eager reference, compare, ...; ``bench/bench_drill.py``; ``--quick``: 2 replays, not 60).
 
 ``--threads`` sets torch's intra-op threads for all of them (default 1: figures that do not depend on the
 machine's core count or on its neighbours; 0 keeps torch's default). A benchmark that fails is reported
@@ -42,6 +44,7 @@ import bench_capacity
 import bench_cli
 import bench_cuda
 import bench_decode
+import bench_drill
 import bench_emulator
 import bench_refresh
 import bench_verify
@@ -106,6 +109,14 @@ def _cli(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
     return [write_json(out / "cli.json", "cli", res)]
 
 
+def _drill(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
+    res = bench_drill.run(replays=2 if quick else 60, threads=threads)
+    print(bench_drill.render(res))
+    if not res["ok"]:
+        raise RuntimeError("the drill failed under bench_drill.py")
+    return [write_json(out / "drill.json", "drill", res)]
+
+
 BENCHMARKS: dict[str, Callable[[bool, Path, Path, int], list[Path]]] = {
     "refresh": _refresh,
     "capacity": _capacity,
@@ -115,6 +126,7 @@ BENCHMARKS: dict[str, Callable[[bool, Path, Path, int], list[Path]]] = {
     "verify": _verify,
     "decode": _decode,
     "cli": _cli,
+    "drill": _drill,
 }
 
 

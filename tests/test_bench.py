@@ -28,7 +28,7 @@ def quick_run(
         [sys.executable, str(BENCH / "run.py"), "--quick", "--out", str(out), "--plot", str(plot)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,  # the drill bench captures every size of the shipped spec
         cwd=REPO,
     )
     return proc, out, plot
@@ -45,7 +45,8 @@ def test_run_py_succeeds_and_writes_every_json_and_the_plot(
 ) -> None:
     proc, out, plot = quick_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    for name in ("refresh", "capacity", "address_check", "emulator", "cuda", "verify", "decode", "cli"):
+    names = ("refresh", "capacity", "address_check", "emulator", "cuda", "verify", "decode", "cli", "drill")
+    for name in names:
         assert f"=== {name} ===" in proc.stdout
         _results(out, name)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -66,6 +67,23 @@ def test_capacity_results_hold_every_envelope_and_live_count(
     for r in res["capacity"] + res["live"]:  # both contenders measured beside graphbuf at every point
         assert r["vllm_style_us"] > 0 and r["vllm_checked_us"] > 0
     assert res["summary"]["max_bound_over_vllm_checked"] > 0
+
+
+def test_drill_bench_times_every_phase_of_a_passing_drill(
+    quick_run: tuple[subprocess.CompletedProcess[str], Path, Path],
+) -> None:
+    """bench_drill.py runs the shipped spec's drill (tiny replays) and accounts for its whole wall time."""
+    proc, out, _ = quick_run
+    res = _results(out, "drill")["results"]
+    assert res["ok"] and res["spec"] == "gemma4-31b-it-mtp" and res["tasks"] == ["decode", "verify"]
+    phases = res["phases_s"]
+    for name in ("import", "capture", "refresh", "replay", "eager reference", "compare"):
+        assert phases[name] >= 0
+    assert res["phase_calls"]["capture"] == 1 and res["phase_calls"]["replay"] >= 1
+    assert sum(res["replays_by_size"].values()) + res["eager_runs"] == res["replays"] == 2
+    # the phases partition the run: their sum is the wall time (up to the bench's own few milliseconds)
+    assert abs(sum(phases.values()) - res["total_s"]) <= 0.05 * res["total_s"] + 0.5
+    assert "total wall" in proc.stdout
 
 
 def test_refresh_results_hold_every_source_form_at_every_size(

@@ -341,10 +341,10 @@ def test_paged_decode_gathers_only_the_blocks_the_host_lengths_need(host_lens):
         lh.decode_attention(query, key_cache, value_cache, table, lens, 0.1, seq_lens_host=host_lens)
     with _GatherCount() as dense:
         lh.decode_attention(query, key_cache, value_cache, table, lens, 0.1)
-    needed = max(1, max(-(-n // block_size) for n in host_lens))
-    per_key = len(host_lens) * kv_heads * head_dim * 2  # K and V
+    needed = sum(-(-n // block_size) for n in host_lens)  # each request its own blocks, as the NPU kernel
+    per_key = kv_heads * head_dim * 2  # K and V
     assert paged.elements == needed * block_size * per_key
-    assert dense.elements == width * block_size * per_key
+    assert dense.elements == len(host_lens) * width * block_size * per_key
 
 
 # --- validation ---------------------------------------------------------------------------------------------

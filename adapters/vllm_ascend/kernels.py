@@ -10,9 +10,9 @@ verify, decode with device lengths     ``npu_fusion_attention_v3`` (BNSD,     ``
 (dense gather path; routed attention)  B1SS bool mask, sparse_mode 0):        bnsd`` (software custom op)
                                        ordinary captured kernel
 blockwise verify / decode              none: plain tensor ops                 the same tensor ops
-decode with host KV lengths            ``npu_fused_infer_attention_score      the software path (gather,
-(:func:`paged_decode_bnsd`, the        .out`` (BNSD query, paged KV): the     mask) reading the host list
-decode task)                           only op of its task group
+decode with host KV lengths            ``npu_fused_infer_attention_score      :func:`paged_decode_software`
+(:func:`paged_decode_bnsd`, the        .out`` (BNSD query, paged KV): the     (each request its own blocks,
+decode task)                           only op of its task group              lengths from the host list)
 =====================================  =====================================  ==============================
 
 Not used anywhere: ``npu_fusion_attention`` (documented unsupported in graph mode and aclgraph; with
@@ -55,6 +55,7 @@ __all__ = [
     "paged_decode_bnsd",
     "paged_decode_buffers",
     "paged_decode_out",
+    "paged_decode_software",
     "uses_npu_kernels",
 ]
 
@@ -197,6 +198,45 @@ def masked_attention_bnsd(
             sparse_mode=0,
         )[0]
     return torch.ops.graphbuf.masked_attention_bnsd(query, key, value, hidden_mask, float(scale))
+
+
+# --- software paged decode (host KV lengths): the NPU paged kernel's contract off an NPU ----------------
+
+
+def paged_decode_software(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens_host: Sequence[int],
+    scale: float,
+) -> torch.Tensor:
+    """Single-token paged decode in software: ``query`` ``[B, Nq, D]``, caches ``[num_blocks, block_size,
+    Nkv, D]``, ``block_table`` ``[B, W]``, ``seq_lens_host`` B host ints in ``[0, W * block_size]`` (not
+    checked here). Returns ``[B, Nq, D]`` in the query dtype.
+
+    As the NPU kernel: request ``r`` reads only its first ``ceil(n_r / block_size)`` blocks (ids clamped
+    into range) and exactly its ``n_r`` keys, the lengths coming from the host list only (a graph bakes
+    them); a request with ``n_r == 0`` reads nothing and gets zeros. float32 accumulation, as
+    :func:`masked_attention_bnsd`'s software op. Each request is one gather and two matmuls over its own
+    keys, so the work is the sum of the lengths, not the batch times the longest.
+    """
+    batch, num_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, _ = key_cache.shape
+    group = num_heads // num_kv_heads
+    out = torch.zeros((batch, num_heads, head_dim), dtype=query.dtype, device=query.device)
+    for r, n in enumerate(int(n) for n in seq_lens_host):
+        if n <= 0:
+            continue
+        ids = block_table[r, : -(-n // block_size)].to(torch.int64).clamp(0, num_blocks - 1)
+        # [n, Nkv, D] -> [Nkv, n, D]: a strided view the matmuls read directly (no copy of the keys)
+        key = key_cache.index_select(0, ids).view(-1, num_kv_heads, head_dim)[:n].to(torch.float32)
+        value = value_cache.index_select(0, ids).view(-1, num_kv_heads, head_dim)[:n].to(torch.float32)
+        q = query[r].to(torch.float32).view(num_kv_heads, group, head_dim)  # heads kv * group + g
+        scores = torch.matmul(q, key.permute(1, 2, 0)) * scale  # [Nkv, group, n]
+        probs = torch.softmax(scores, dim=-1)
+        out[r] = torch.matmul(probs, value.transpose(0, 1)).view(num_heads, head_dim).to(query.dtype)
+    return out
 
 
 # --- NPU paged decode (fused infer attention, BNSD, host KV lengths) ----------------------------------------

@@ -394,15 +394,9 @@ def _paged_decode_software(
     batch: int,
 ) -> torch.Tensor:
     """The paged kernel's contract in software: KV lengths are the host list only (the device ``seq_lens``
-    is not read), and only the blocks those lengths need are gathered (the batch's longest), so a task
-    replayed with stale lengths reads stale context exactly as the NPU kernel would."""
-    block_size = key_cache.shape[1]
-    needed = max(1, max((-(-n // block_size) for n in seq_lens_host), default=1))
-    # Each length is a kernel argument (a fill), as in the NPU task; no host tensor is built inside capture.
-    lens = torch.empty(batch, dtype=torch.int32, device=query.device)
-    for i, n in enumerate(seq_lens_host):
-        lens[i] = n
-    return _dense(query, key_cache, value_cache, block_table[:, :needed], lens, 1, scale, batch)
+    is not read), and each request gathers only the blocks its own length needs, so a task replayed with
+    stale lengths reads stale context exactly as the NPU kernel would."""
+    return kernels.paged_decode_software(query, key_cache, value_cache, block_table, seq_lens_host, scale)
 
 
 def _paged_decode_npu(

@@ -19,7 +19,9 @@ class Call:
     (``results``, shaped like the node's) bind transient slots; slots in ``copies`` are static results the
     returned tensors are copied into."""
 
-    __slots__ = ("copies", "fn", "kw", "pos", "results", "single")
+    __slots__ = (
+        "arg_slots", "consts", "copies", "fn", "kw", "pos", "result_slots", "results", "single", "text",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -36,10 +38,38 @@ class Call:
         self.results = results
         self.single = single
         self.copies = copies
+        # Found once: a recording is compiled again after every task update, mostly of unchanged calls.
+        self.arg_slots = slots_in(self.pos) + slots_in(self.kw)
+        self.result_slots = slots_in(results)
+        self.text = ""  # the call expression, once rendered (see render)
+        self.consts: dict[str, Any] = {}
+
+    def render(self) -> tuple[str, dict[str, Any]]:
+        """``fn(args)`` as source text and the constants it names. Rendered once: a constant is named
+        ``k<id>`` of the object, which this call holds, so the name stays unique while the call lives."""
+        if not self.text:
+            consts = self.consts
+
+            def const(obj: Any) -> str:
+                name = f"k{id(obj)}"
+                consts[name] = obj
+                return name
+
+            parts = [_expr(a, const) for a in self.pos]
+            odd = {}
+            for name, value in self.kw.items():
+                if name.isidentifier() and not keyword.iskeyword(name):
+                    parts.append(f"{name}={_expr(value, const)}")
+                else:
+                    odd[name] = value
+            if odd:
+                parts.append("**{" + ", ".join(f"{n!r}: {_expr(v, const)}" for n, v in odd.items()) + "}")
+            self.text = f"{const(self.fn)}({', '.join(parts)})"
+        return self.text, self.consts
 
     def reads(self) -> list[int]:
         """Indices of the transient slots this call reads."""
-        return [s.index for s in slots_in(self.pos) + slots_in(self.kw) if s.transient]
+        return [s.index for s in self.arg_slots if s.transient]
 
     def returns(self) -> list[tuple[str, Slot]]:
         """(subscript into the call's return value, slot) for every slot it returns."""
@@ -53,37 +83,37 @@ class Call:
         return found
 
 
+def _expr(value: Any, const: Callable[[Any], str]) -> str:
+    """Source text of one argument: input slots are parameters, transient slots locals, everything else
+    (static tensors, callables, host values) a constant named by ``const``."""
+    if isinstance(value, Slot):
+        if value.input:
+            return f"a{value.index}"
+        return f"v{value.index}" if value.transient else const(value.tensor)
+    if isinstance(value, (Seq, list, tuple)):
+        items = value.items if isinstance(value, Seq) else value
+        is_tuple = value.is_tuple if isinstance(value, Seq) else isinstance(value, tuple)
+        if not any(isinstance(v, (Slot, Seq)) for v in items):
+            return const(value)
+        if all(s.tensor is not None and not s.input for s in slots_in(value)):
+            return const(materialize(value))
+        inner = ", ".join(_expr(v, const) for v in items)
+        return f"({inner},)" if is_tuple else f"[{inner}]"
+    if value is None or type(value) in (bool, int):
+        return repr(value)
+    return const(value)
+
+
 def generate(calls: Sequence[Call], inputs: Sequence[Slot]) -> tuple[Callable[..., None], str]:
     """Compile ``calls`` into one function. ``inputs`` (input slots) are its parameters, in order (extra
     arguments are ignored); transient slots are its locals, deleted after their last use; static slots,
     callables and host values are globals of its namespace."""
     namespace: dict[str, Any] = {"__builtins__": {}}
-    names: dict[int, str] = {}
 
     def const(obj: Any) -> str:
-        name = names.get(id(obj))
-        if name is None:
-            name = names[id(obj)] = f"k{len(names)}"
-            namespace[name] = obj
+        name = f"k{id(obj)}"
+        namespace[name] = obj
         return name
-
-    def expr(value: Any) -> str:
-        if isinstance(value, Slot):
-            if value.input:
-                return f"a{value.index}"
-            return f"v{value.index}" if value.transient else const(value.tensor)
-        if isinstance(value, (Seq, list, tuple)):
-            items = value.items if isinstance(value, Seq) else value
-            is_tuple = value.is_tuple if isinstance(value, Seq) else isinstance(value, tuple)
-            if not any(isinstance(v, (Slot, Seq)) for v in items):
-                return const(value)
-            if all(s.tensor is not None and not s.input for s in slots_in(value)):
-                return const(materialize(value))
-            inner = ", ".join(expr(v) for v in items)
-            return f"({inner},)" if is_tuple else f"[{inner}]"
-        if value is None or type(value) in (bool, int):
-            return repr(value)
-        return const(value)
 
     reads = [call.reads() for call in calls]
     last: dict[int, int] = {}
@@ -99,16 +129,8 @@ def generate(calls: Sequence[Call], inputs: Sequence[Slot]) -> tuple[Callable[..
             raise RuntimeError(
                 f"graphbuf emulator: replay would read transient slots {missing} before they exist"
             )
-        parts = [expr(a) for a in call.pos]
-        odd = {}
-        for name, value in call.kw.items():
-            if name.isidentifier() and not keyword.iskeyword(name):
-                parts.append(f"{name}={expr(value)}")
-            else:
-                odd[name] = value
-        if odd:
-            parts.append("**{" + ", ".join(f"{name!r}: {expr(v)}" for name, v in odd.items()) + "}")
-        text = f"{const(call.fn)}({', '.join(parts)})"
+        text, consts = call.render()
+        namespace.update(consts)
         binds: list[tuple[str, str]] = []
         copies: list[tuple[str, str]] = []
         for sub, slot in call.returns():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -26,8 +26,19 @@ from graphbuf.graphs.emulator.shortcuts import CHECK_AT_RECORD_BYTES, RECIPES, f
 from graphbuf.graphs.emulator.slots import Group, Node, Seq, Slot
 from graphbuf.graphs.guards import check_dispatch
 
-if TYPE_CHECKING:
-    from graphbuf.graphs.emulator.replay import Emulator
+
+class Registry(Protocol):
+    """What a recorder needs of its emulator (:class:`~graphbuf.graphs.emulator.replay.Emulator`): the slot
+    and storage registries, the next slot index, and task labels. A protocol, so this module does not import
+    the emulator that imports it."""
+
+    by_id: dict[int, Slot]
+    by_sid: dict[int, Group]
+    next_index: int
+
+    def forget(self, slots: Iterable[Slot], groups: Iterable[Group]) -> None: ...
+
+    def task_label(self, group: int) -> str: ...
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -59,7 +70,7 @@ def recording_active() -> bool:
 class Recorder(TorchDispatchMode):
     """Runs each aten op, records it as a node over slots, and snapshots pre-existing memory it writes."""
 
-    def __init__(self, emulator: Emulator, segment: Segment, restore: bool) -> None:
+    def __init__(self, emulator: Registry, segment: Segment, restore: bool) -> None:
         super().__init__()
         self.emulator = emulator
         self.segment = segment

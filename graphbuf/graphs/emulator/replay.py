@@ -349,7 +349,7 @@ class Emulator:
         calls = [call for seg in self._segments for node in seg.nodes for call in node.calls]
         inputs: dict[int, Slot] = {}
         for call in calls:
-            for slot in slots_in(call.pos) + slots_in(call.kw) + slots_in(call.results):
+            for slot in call.arg_slots + call.result_slots:
                 if slot.input:
                     inputs.setdefault(slot.index, slot)
         ordered = [inputs[i] for i in sorted(inputs)]

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from graphbuf.graphs.emulator.ops import OpInfo, bind, contiguous
-
-if TYPE_CHECKING:
-    from graphbuf.graphs.emulator.codegen import Call
-
 
 # --------------------------------------------------------------------------------------------------------
 # Slots and nodes: what a recording refers to, without holding intermediates
@@ -142,7 +138,8 @@ class Node:
         self.new = new  # indices of the slots whose storage this op allocated
         self.all_new = all_new  # every return holds tensors, all with storage this op allocated
         self.binding = False
-        self.calls: tuple[Call, ...] = ()
+        # codegen.Call objects (typed Any: codegen imports this module, not the other way round)
+        self.calls: tuple[Any, ...] = ()
 
     def bound(self) -> dict[str, Any]:
         return bind(self.info, self.args, self.kwargs)
