@@ -4,18 +4,14 @@ whether the imports run at import time, inside functions, under ``if TYPE_CHECKI
 names (through an import statement or an ``importlib`` handle); production code never importing the tests or
 the drill's test tasks.
 
-Cycles present today are listed in :data:`KNOWN_CYCLES`, one entry per cycle with the fix it waits for: each
-is a strict xfail (the test fails once the cycle is gone: delete the entry with the fix), and any other cycle
-fails :func:`test_no_import_cycle_of_any_kind`."""
+The five cycles issue 19 listed (drill <-> padding_contract, refresh.bound -> buffers, emulator recording ->
+replay and slots -> codegen, adapter patch <-> plugin) are gone; none is allowed, of any kind."""
 
 from __future__ import annotations
 
 import ast
 import itertools
-from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"graphbuf": REPO / "graphbuf", "graphbuf.adapters.vllm_ascend": REPO / "adapters" / "vllm_ascend"}
@@ -192,53 +188,8 @@ def _describe(path: list[str]) -> str:
     return "".join(hops) + path[-1]
 
 
-@dataclass(frozen=True)
-class KnownCycle:
-    """A cycle present today: the import edges that close it, and the fix it waits for."""
-
-    name: str
-    closing: tuple[tuple[str, str], ...]  # (importer, imported): removing these breaks the cycle
-    reason: str
-
-
-#: One entry per cycle present on main b2b8a44 (issue 19 §1-§3). Each runs as a strict xfail: when its fix
-#: merges the cycle is gone, the entry XPASSes and fails: delete the entry in the same merge.
-KNOWN_CYCLES = (
-    KnownCycle(
-        "emulator.recording->replay",
-        (("graphbuf.graphs.emulator.recording", "graphbuf.graphs.emulator.replay"),),
-        "TYPE_CHECKING: the recorder names the Emulator that imports it (owner: issue 19 §1 layout)",
-    ),
-    KnownCycle(
-        "emulator.slots->codegen",
-        (("graphbuf.graphs.emulator.slots", "graphbuf.graphs.emulator.codegen"),),
-        "TYPE_CHECKING: slots name codegen's Call, and codegen imports slots (owner: issue 19 §1 layout)",
-    ),
-)
-
-
-def _cycle_through(edges: set[tuple[str, str]], closing: tuple[tuple[str, str], ...]) -> list[str] | None:
-    for a, b in closing:
-        if (a, b) in edges:
-            back = _reaches(b, a, edges)
-            if back is not None:
-                return [a, *back]
-    return None
-
-
-@pytest.mark.parametrize(
-    "known",
-    [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=k.reason), id=k.name) for k in KNOWN_CYCLES],
-)
-def test_known_cycle_is_gone(known: KnownCycle) -> None:
-    """Fails while the cycle is there (the xfail); passes, and so fails strict, once its fix removed it."""
-    cycle = _cycle_through(set(EDGES), known.closing)
-    assert cycle is None, f"import cycle {known.name}: {_describe(cycle)}"
-
-
 def _unknown_cycle(edges: set[tuple[str, str]]) -> list[str] | None:
-    """A cycle over ``edges`` once the known cycles' closing edges are set aside (None if none)."""
-    edges = edges - {e for k in KNOWN_CYCLES for e in k.closing}
+    """A cycle over ``edges`` (None if none)."""
     for a, b in sorted(edges):
         back = _reaches(b, a, edges)
         if back is not None:
@@ -247,7 +198,7 @@ def _unknown_cycle(edges: set[tuple[str, str]]) -> list[str] | None:
 
 
 def test_no_import_cycle_of_any_kind() -> None:
-    """No cycle over every import kind (top, function, TYPE_CHECKING, importlib) but the known ones."""
+    """No cycle over every import kind (top, function, TYPE_CHECKING, importlib)."""
     cycle = _unknown_cycle(set(EDGES))
     assert cycle is None, f"import cycle: {_describe(cycle)}"
 
