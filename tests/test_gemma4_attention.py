@@ -174,12 +174,21 @@ def _routed(q_len: int, impl_scale: float) -> Callable[..., torch.Tensor]:
 
 @pytest.fixture(autouse=True)
 def full_graph_context(monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM's forward context saying the step replays a FULL graph (what routes a batch to graphbuf)."""
+    """vLLM's forward context saying the step replays a FULL graph (what routes a batch to graphbuf), and the
+    rest of the upstream surface the routed forward reads (adapters/vllm_ascend/upstream.py): vllm-ascend's
+    forward context (replaying, not capturing) and its attention module's compute fence."""
     context = types.SimpleNamespace(cudagraph_runtime_mode=types.SimpleNamespace(name="FULL"))
     module = types.ModuleType("vllm.forward_context")
     module.is_forward_context_available = lambda: True  # type: ignore[attr-defined]
     module.get_forward_context = lambda: context  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm.forward_context", module)
+    extra = types.ModuleType("vllm_ascend.ascend_forward_context")
+    extra._EXTRA_CTX = types.SimpleNamespace(capturing=False)  # type: ignore[attr-defined]
+    attention = types.ModuleType("vllm_ascend.attention.attention_v1")
+    attention.record_attention_compute_start = lambda: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm_ascend", types.ModuleType("vllm_ascend"))
+    monkeypatch.setitem(sys.modules, "vllm_ascend.ascend_forward_context", extra)
+    monkeypatch.setitem(sys.modules, "vllm_ascend.attention.attention_v1", attention)
 
 
 def test_the_shipped_spec_states_gemma4_s_scale_and_geometry(attention: torch.nn.Module) -> None:
