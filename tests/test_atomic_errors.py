@@ -179,6 +179,33 @@ def test_a_mapping_cannot_change_a_source_after_its_check_in_run(cls: type) -> N
     assert int(runner.buffers.full["block_table"].min()) >= 0
 
 
+class _Meddling(torch.Tensor):
+    """A tensor subclass whose methods (``__torch_function__``) write another source after its check."""
+
+    victim: np.ndarray
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        cls.victim[0] = 12345  # seq_lens max is 32
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_subclass_source_is_refused_before_its_code_can_change_another(path: str) -> None:
+    """No user code between a value's check and its write: a tensor subclass runs its own code on every
+    method graphbuf calls, so it is refused by type (a plain Tensor, or nn.Parameter, is accepted)."""
+    sb = _paged()
+    batch = _batch(3)
+    _Meddling.victim = batch["seq_lens"]
+    meddling = torch.as_tensor(batch["block_table"]).as_subclass(_Meddling)
+    sources = {"seq_lens": batch["seq_lens"], "block_table": meddling}
+    before = _bytes(sb)
+    with pytest.raises(RefreshError, match="tensor subclass _Meddling"):
+        sb.refresh(8, sources)
+    assert _bytes(sb) == before
+    sources["block_table"] = torch.nn.Parameter(torch.as_tensor(batch["block_table"]), requires_grad=False)
+    assert sb.refresh(8, {**sources, "seq_lens": _batch(3)["seq_lens"]}) == 3
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Sources that were refused with an untyped or untrue error
 

@@ -99,6 +99,12 @@ def _typed(
     """``src`` as host values or a device tensor of this device, after the type, dtype and layout checks."""
     tp = type(src)
     if isinstance(src, torch.Tensor):
+        if tp is not torch.Tensor and tp is not torch.nn.Parameter:
+            raise layout.fail(
+                RefreshError, name, label,
+                f"tensor subclass {tp.__name__} (its methods run its own code between graphbuf's check and "
+                "write); pass a plain torch.Tensor, e.g. t.as_subclass(torch.Tensor)",
+            )  # fmt: skip
         _check_tensor_kind(slot, src, name, label)
         if src.device.type == "cpu":
             if src.dtype == torch.bfloat16 or src.dtype not in NP_OF_TORCH:
