@@ -41,6 +41,8 @@ from graphbuf.refresh.validate import (
 
 __all__ = ["BoundSources", "Entry"]
 
+_new_tuple = tuple.__new__  # builds a Prepared without its constructor's argument binding (hot loop)
+
 _NO_WIDTHS: dict[str, int] = {}  # never written
 
 
@@ -244,7 +246,8 @@ class BoundSources:
                 w = 0
             if slot.bounded and rows and (w or not wide) and not live_fits(slot, arr, rows, w):
                 return None
-            append((slot, arr, None, rows, w))  # the whole source: its live region is [:rows, :w]
+            # the whole source: its live region is [:rows, :w]
+            append(_new_tuple(Prepared, (slot, arr, None, rows, w)))
         return prepared
 
     def _prepare_checked(

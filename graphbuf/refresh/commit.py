@@ -26,7 +26,7 @@ import torch
 
 from graphbuf.refresh import native
 from graphbuf.refresh.layout import Layout, Slot
-from graphbuf.refresh.validate import Prepared
+from graphbuf.refresh.validate import Prepared, prepared
 
 __all__ = ["Committer", "RefreshStats", "write_live"]
 
@@ -236,7 +236,7 @@ def _detached(p: Prepared, slab: np.ndarray) -> Prepared:
     if host is None or not np.may_share_memory(host, slab):
         return p
     live = host[:n, :w] if host.ndim == 2 else host[:n]
-    return (slot, live.copy(), dev, n, w)
+    return prepared(slot, live.copy(), dev, n, w)
 
 
 def _np_view(t: torch.Tensor, slot: Slot) -> np.ndarray:

@@ -461,7 +461,7 @@ class StagingArea:
         mirrors = self._mirrors
         given = None
         if len(prepared):
-            given = {p[0].name for p in prepared}
+            given = {p.slot.name for p in prepared}
             for name in given.intersection(mirrors):
                 if mirrors[name].pending:
                     raise self.layout.fail(
@@ -518,7 +518,7 @@ class StagingArea:
                 commit.set_mark(m.slot.index, live, colmark)
         if len(prepared) and self._mirrors:
             for p in prepared:
-                m = self._mirrors.get(p[0].name)
+                m = self._mirrors.get(p.slot.name)
                 if m is not None:
                     self._absorb(m, p)
         if moved:

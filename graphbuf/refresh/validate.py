@@ -11,7 +11,7 @@ from __future__ import annotations
 import numbers
 import operator
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ __all__ = [
     "live_fits",
     "live_requests",
     "no_count_error",
+    "prepared",
     "requests_hint",
     "requests_of_rows",
     "values_fit",
@@ -42,13 +43,30 @@ Source = torch.Tensor | np.ndarray | Sequence[Any]
 
 
 
-#: One validated source, ready to write: ``(slot, host, dev, rows, width)``. ``host``: host values (bfloat16
-#: as its int16 bits) or None; ``dev``: a source on the slab's device or None; the live values are
-#: ``host[:rows, :width]`` (1-D: ``host[:rows]``): a bound source is passed whole, not sliced. Readers unpack
-#: it by these names, never index it. A plain tuple, measured: one is built per source per refresh, and a
-#: NamedTuple's constructor costs ~0.6 µs more each (~3.5 µs, a third of a 6-source bound refresh); the
-#: native write reads it as a 5-tuple.
-Prepared = tuple[Slot, np.ndarray | None, torch.Tensor | None, int, int]
+class Prepared(NamedTuple):
+    """One validated source, ready to write. ``host``: host values (bfloat16 as its int16 bits) or None;
+    ``dev``: a source on the slab's device or None; the live values are ``host[:rows, :width]`` (1-D:
+    ``host[:rows]``): a bound source is passed whole, not sliced. The native write reads it as a 5-tuple.
+
+    Built on the hot path with :func:`prepared` (``tuple.__new__``), measured: ~0.13 µs more per source than
+    a plain tuple, where the NamedTuple constructor costs ~0.25 µs more."""
+
+    slot: Slot
+    host: np.ndarray | None
+    dev: torch.Tensor | None
+    rows: int
+    width: int
+
+
+_new_tuple = tuple.__new__
+
+
+def prepared(
+    slot: Slot, host: np.ndarray | None, dev: torch.Tensor | None, rows: int, width: int
+) -> Prepared:
+    """A :class:`Prepared` record, built without the NamedTuple constructor's argument binding."""
+    return _new_tuple(Prepared, (slot, host, dev, rows, width))  # type: ignore[no-any-return]
+
 
 _BF16_SAFE_FROM = frozenset((torch.bool, torch.uint8, torch.int8, torch.bfloat16))
 _UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
@@ -86,7 +104,7 @@ def check_source(
         if kernel is not None and cap is not None:  # the common case, whole in one native call
             got = kernel.accept(host, slot.ndim, cap[0], cap[1], slot.lo, slot.hi)
             if got is not None:
-                return (slot, host, None, got[0], got[1])
+                return _new_tuple(Prepared, (slot, host, None, got[0], got[1]))
         _check_layout(slot, host, name, label)  # no dtype work, integer values
         return _fitted(layout, slot, name, host, None, size, label, strict)
     host, dev = _typed(layout, slot, name, src, label, device)
@@ -201,7 +219,7 @@ def _fitted(
             host = torch.from_numpy(dense).to(torch.bfloat16).view(torch.int16).numpy()
     elif strict and dev.numel():  # type: ignore[union-attr]
         _check_values_device(layout, slot, dev, name, label)  # type: ignore[arg-type]
-    return (slot, host, dev, rows, width)
+    return _new_tuple(Prepared, (slot, host, dev, rows, width))
 
 
 def _plain(t: torch.Tensor) -> bool:
