@@ -314,67 +314,14 @@ def plan(
     tpr = parse_expr(spec.capture.tokens_per_request).eval(constants)
     sizes = tuple(sorted(capture_sizes_of(spec)))
 
-    entries: list[tuple[str, str, str | None]] = []
-    for name, b in spec.buffers.items():
-        groups: list[str | None] = list(spec.groups) if b.per_group else [None]
-        entries += [(f"{name}.{g}" if g else name, name, g) for g in groups]
-    # Buffers that may be omitted from a refresh go last, so one contiguous upload covers the rest; within
-    # that, buffers of one dtype sit together, so refresh checks each dtype's bounds in one vector pass.
-    first_of = {}
-    for b in spec.buffers.values():
-        first_of.setdefault(b.dtype, len(first_of))
-    entries.sort(key=lambda e: (spec.buffers[e[1]].keep, first_of[spec.buffers[e[1]].dtype]))
-
-    def bound(text: Any) -> int | None:
-        if text is None:
-            return None
-        expr = parse_expr(text)
-        return None if any(constants.get(n) is None for n in expr.names) else expr.eval(constants)
-
     buffers: list[BufferPlan] = []
     offset = 0
-    for name, spec_name, group in entries:
-        b = spec.buffers[spec_name]
-        rows = parse_expr(b.rows)
-        cols = None if b.cols is None else parse_expr(b.cols)
-        env_at = [{**constants, "tokens": s, "requests": s // tpr} for s in sizes]
-        shape: tuple[int, ...] = (max(rows.eval(e) for e in env_at),)
-        if cols is not None:
-            shape += (max(cols.eval(e) for e in env_at),)
-        nbytes = ITEMSIZE[b.dtype]
-        for d in shape:
-            nbytes *= d
-        offset = _align(offset)
-        buffers.append(
-            BufferPlan(
-                name=name,
-                spec_name=spec_name,
-                group=group,
-                dtype_name=b.dtype,
-                itemsize=ITEMSIZE[b.dtype],
-                shape=shape,
-                offset=offset,
-                nbytes=nbytes,
-                rows=rows,
-                cols=cols,
-                pad=b.pad,
-                overflow=b.overflow,
-                keep=b.keep,
-                min=bound(b.min),
-                max=bound(b.max),
-                description=b.description,
-            )
-        )
-        offset += nbytes
+    for name, spec_name, group in _entries(spec):
+        buffers.append(_buffer_plan(spec, constants, sizes, tpr, name, spec_name, group, _align(offset)))
+        offset = buffers[-1].offset + buffers[-1].nbytes
     total = _align(offset)
     limit = spec.limits.max_bytes if max_bytes is None else max_bytes
-    if total > limit:
-        biggest = max(buffers, key=lambda b: b.nbytes)
-        raise PlanTooLargeError(
-            f"{where}: limits.max_bytes: the plan needs {total} bytes, above the limit of {limit} bytes "
-            f"(largest buffer: {biggest.name}, {biggest.nbytes} bytes, shape {list(biggest.shape)}); "
-            "shrink the capture envelope or raise limits.max_bytes"
-        )
+    _check_limit(where, buffers, total, limit)
     workspaces = []
     for name, w in spec.workspaces.items():
         shape_exprs = tuple(parse_expr(d) for d in w.shape)
@@ -390,3 +337,78 @@ def plan(
         max_bytes=limit,
         _by_name=MappingProxyType({b.name: b for b in buffers}),
     )
+
+
+def _entries(spec: GraphSpec) -> list[tuple[str, str, str | None]]:
+    """``(buffer name, spec buffer, group)`` in slab order: buffers a refresh may omit (``keep``) go last,
+    so one contiguous upload covers the rest; within that, buffers of one dtype sit together, so refresh
+    checks each dtype's bounds in one vector pass."""
+    entries: list[tuple[str, str, str | None]] = []
+    for name, b in spec.buffers.items():
+        groups: list[str | None] = list(spec.groups) if b.per_group else [None]
+        entries += [(f"{name}.{g}" if g else name, name, g) for g in groups]
+    first_of: dict[str, int] = {}
+    for b in spec.buffers.values():
+        first_of.setdefault(b.dtype, len(first_of))
+    entries.sort(key=lambda e: (spec.buffers[e[1]].keep, first_of[spec.buffers[e[1]].dtype]))
+    return entries
+
+
+def _bound(text: Any, constants: Mapping[str, Any]) -> int | None:
+    """A ``min``/``max`` rule's value, or None when it is absent or names an unset constant."""
+    if text is None:
+        return None
+    expr = parse_expr(text)
+    return None if any(constants.get(n) is None for n in expr.names) else expr.eval(constants)
+
+
+def _buffer_plan(
+    spec: GraphSpec,
+    constants: Mapping[str, Any],
+    sizes: tuple[int, ...],
+    tpr: int,
+    name: str,
+    spec_name: str,
+    group: str | None,
+    offset: int,
+) -> BufferPlan:
+    """One buffer at ``offset``: its shape is its rules' largest value over the capture sizes."""
+    b = spec.buffers[spec_name]
+    rows = parse_expr(b.rows)
+    cols = None if b.cols is None else parse_expr(b.cols)
+    env_at = [{**constants, "tokens": s, "requests": s // tpr} for s in sizes]
+    shape: tuple[int, ...] = (max(rows.eval(e) for e in env_at),)
+    if cols is not None:
+        shape += (max(cols.eval(e) for e in env_at),)
+    nbytes = ITEMSIZE[b.dtype]
+    for d in shape:
+        nbytes *= d
+    return BufferPlan(
+        name=name,
+        spec_name=spec_name,
+        group=group,
+        dtype_name=b.dtype,
+        itemsize=ITEMSIZE[b.dtype],
+        shape=shape,
+        offset=offset,
+        nbytes=nbytes,
+        rows=rows,
+        cols=cols,
+        pad=b.pad,
+        overflow=b.overflow,
+        keep=b.keep,
+        min=_bound(b.min, constants),
+        max=_bound(b.max, constants),
+        description=b.description,
+    )
+
+
+def _check_limit(where: str, buffers: list[BufferPlan], total: int, limit: int) -> None:
+    """Raise :class:`PlanTooLargeError` when ``total`` bytes exceed ``limit``, naming the largest buffer."""
+    if total > limit:
+        biggest = max(buffers, key=lambda b: b.nbytes)
+        raise PlanTooLargeError(
+            f"{where}: limits.max_bytes: the plan needs {total} bytes, above the limit of {limit} bytes "
+            f"(largest buffer: {biggest.name}, {biggest.nbytes} bytes, shape {list(biggest.shape)}); "
+            "shrink the capture envelope or raise limits.max_bytes"
+        )

@@ -447,74 +447,13 @@ def check_spec(
             p.add(f"constants.{name}", f"not a usable name; reserved: {', '.join(sorted(_RESERVED))}")
     names = frozenset(constants)
     shape_names = names | frozenset(CAPTURE_VARS)
-
-    tpr = None
-    tpr_expr = _parse(p, "capture.tokens_per_request", spec.capture.tokens_per_request, names)
-    if tpr_expr is not None:
-        try:
-            tpr = tpr_expr.eval(constants)
-            if tpr <= 0:
-                p.add("capture.tokens_per_request", f"must be ≥ 1, got {tpr}")
-                tpr = None
-        except ExprError as exc:
-            p.add("capture.tokens_per_request", str(exc))
-
+    tpr = _check_capture(p, spec, constants, names)
     sizes = _check_sizes(p, spec, constants, tpr)
-    if spec.capture.max_requests is not None:
-        expr = _parse(p, "capture.max_requests", spec.capture.max_requests, names)
-        if expr is not None and all(constants.get(n) is not None for n in expr.names):
-            try:
-                value = expr.eval(constants)
-                if not 1 <= value <= MAX_REQUESTS:
-                    p.add("capture.max_requests", f"must be in 1..{MAX_REQUESTS}, got {value}")
-            except ExprError as exc:
-                p.add("capture.max_requests", str(exc))
-
-    if not spec.groups:
-        p.add("groups", "at least one group is required")
-    for i, g in enumerate(spec.groups):
-        if not _IDENT.match(g):
-            p.add(f"groups[{i}]", f"{g!r} is not an identifier")
-    for i, g in enumerate(spec.groups):
-        if g in spec.groups[:i]:
-            p.add(f"groups[{i}]", f"duplicate group {g!r}")
-
+    _check_groups(p, spec)
     if not spec.buffers:
         p.add("buffers", "at least one buffer is required")
     for name, buf in spec.buffers.items():
-        base = f"buffers.{name}"
-        if not _IDENT.match(name):
-            p.add(base, "buffer names must be identifiers (no dots: per-group names are derived)")
-        for field in ("rows", "cols"):
-            text = getattr(buf, field)
-            if text is None:
-                continue
-            expr = _parse(p, f"{base}.{field}", text, shape_names)
-            if expr is not None and tpr is not None:
-                _check_positive(p, f"{base}.{field}", expr, constants, sizes, tpr)
-                _check_growth(p, f"{base}.{field}", expr, constants, sizes, tpr)
-        if isinstance(buf.pad, bool) and buf.dtype != "bool":
-            p.add(f"{base}.pad", f"{buf.pad!r} is a bool; a {buf.dtype} buffer needs a number")
-        elif not pad_fits(buf.dtype, buf.pad):
-            p.add(f"{base}.pad", f"{_short(buf.pad)} is not representable in {buf.dtype}")
-        bounds = {}
-        for field in ("min", "max"):
-            text = getattr(buf, field)
-            if text is None:
-                continue
-            expr = _parse(p, f"{base}.{field}", text, names)
-            if expr is not None and all(constants.get(n) is not None for n in expr.names):
-                try:
-                    bounds[field] = expr.eval(constants)
-                except ExprError as exc:
-                    p.add(f"{base}.{field}", str(exc))
-        if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
-            p.add(f"{base}.max", f"max {bounds['max']} is below min {bounds['min']}")
-        if buf.pad != "repeat_last":
-            if "min" in bounds and buf.pad < bounds["min"]:
-                p.add(f"{base}.pad", f"pad {buf.pad} is below the buffer's min {bounds['min']}")
-            if "max" in bounds and buf.pad > bounds["max"]:
-                p.add(f"{base}.pad", f"pad {buf.pad} is above the buffer's max {bounds['max']}")
+        _check_buffer(p, name, buf, constants, names, shape_names, sizes, tpr)
     for name, ws in spec.workspaces.items():
         for i, dim in enumerate(ws.shape):
             expr = _parse(p, f"workspaces.{name}.shape[{i}]", dim, shape_names)
@@ -532,6 +471,88 @@ def check_spec(
         p.add("limits.max_bytes", f"must be positive, got {spec.limits.max_bytes}")
     p.raise_if_any()
 
+
+def _check_capture(
+    p: _Problems, spec: GraphSpec, constants: dict[str, Any], names: frozenset[str]
+) -> int | None:
+    """``capture.tokens_per_request`` (returned, None when unusable) and ``capture.max_requests``."""
+    tpr = None
+    tpr_expr = _parse(p, "capture.tokens_per_request", spec.capture.tokens_per_request, names)
+    if tpr_expr is not None:
+        try:
+            tpr = tpr_expr.eval(constants)
+            if tpr <= 0:
+                p.add("capture.tokens_per_request", f"must be ≥ 1, got {tpr}")
+                tpr = None
+        except ExprError as exc:
+            p.add("capture.tokens_per_request", str(exc))
+    if spec.capture.max_requests is not None:
+        expr = _parse(p, "capture.max_requests", spec.capture.max_requests, names)
+        if expr is not None and all(constants.get(n) is not None for n in expr.names):
+            try:
+                value = expr.eval(constants)
+                if not 1 <= value <= MAX_REQUESTS:
+                    p.add("capture.max_requests", f"must be in 1..{MAX_REQUESTS}, got {value}")
+            except ExprError as exc:
+                p.add("capture.max_requests", str(exc))
+    return tpr
+
+
+def _check_groups(p: _Problems, spec: GraphSpec) -> None:
+    if not spec.groups:
+        p.add("groups", "at least one group is required")
+    for i, g in enumerate(spec.groups):
+        if not _IDENT.match(g):
+            p.add(f"groups[{i}]", f"{g!r} is not an identifier")
+    for i, g in enumerate(spec.groups):
+        if g in spec.groups[:i]:
+            p.add(f"groups[{i}]", f"duplicate group {g!r}")
+
+
+def _check_buffer(
+    p: _Problems,
+    name: str,
+    buf: BufferSpec,
+    constants: dict[str, Any],
+    names: frozenset[str],
+    shape_names: frozenset[str],
+    sizes: Any,
+    tpr: int | None,
+) -> None:
+    """One buffer: its name, shape rules (≥ 0, never decreasing), pad and bounds."""
+    base = f"buffers.{name}"
+    if not _IDENT.match(name):
+        p.add(base, "buffer names must be identifiers (no dots: per-group names are derived)")
+    for field in ("rows", "cols"):
+        text = getattr(buf, field)
+        if text is None:
+            continue
+        expr = _parse(p, f"{base}.{field}", text, shape_names)
+        if expr is not None and tpr is not None:
+            _check_positive(p, f"{base}.{field}", expr, constants, sizes, tpr)
+            _check_growth(p, f"{base}.{field}", expr, constants, sizes, tpr)
+    if isinstance(buf.pad, bool) and buf.dtype != "bool":
+        p.add(f"{base}.pad", f"{buf.pad!r} is a bool; a {buf.dtype} buffer needs a number")
+    elif not pad_fits(buf.dtype, buf.pad):
+        p.add(f"{base}.pad", f"{_short(buf.pad)} is not representable in {buf.dtype}")
+    bounds = {}
+    for field in ("min", "max"):
+        text = getattr(buf, field)
+        if text is None:
+            continue
+        expr = _parse(p, f"{base}.{field}", text, names)
+        if expr is not None and all(constants.get(n) is not None for n in expr.names):
+            try:
+                bounds[field] = expr.eval(constants)
+            except ExprError as exc:
+                p.add(f"{base}.{field}", str(exc))
+    if "min" in bounds and "max" in bounds and bounds["min"] > bounds["max"]:
+        p.add(f"{base}.max", f"max {bounds['max']} is below min {bounds['min']}")
+    if buf.pad != "repeat_last":
+        if "min" in bounds and buf.pad < bounds["min"]:
+            p.add(f"{base}.pad", f"pad {buf.pad} is below the buffer's min {bounds['min']}")
+        if "max" in bounds and buf.pad > bounds["max"]:
+            p.add(f"{base}.pad", f"pad {buf.pad} is above the buffer's max {bounds['max']}")
 
 def _check_sizes(
     p: _Problems, spec: GraphSpec, constants: Mapping[str, int | None], tpr: int | None
