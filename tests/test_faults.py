@@ -8,7 +8,7 @@ Invariants checked:
   eagerly with its reason recorded, and later captures (a fresh ``Graph("cpu")``) work;
 - a captured view that was ``set_`` to other memory, resized or re-strided is caught before every replay;
 - every replay of a long run equals an independent host computation of the same batch;
-- an unsupported vllm-ascend version gets one warning per process and no patch.
+- an upstream surface miss gets one warning per process and no patch; a version string alone never refuses.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -315,8 +316,13 @@ def test_long_run_of_rapid_refreshes_matches_eager_on_cuda() -> None:
 FAKE_ROOT = Path(__file__).resolve().parent / "fake_vllm_ascend"
 PLUGIN_SCRIPT = r"""
 import json, logging, sys
-fake_root, version, import_first = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+fake_root, version, import_first, miss = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
 sys.path.insert(0, fake_root)
+import importlib
+for name in ("forward_context", "config", "kv_cache_interface"):  # vLLM's modules the surface reads
+    sys.modules[{"kv_cache_interface": "vllm.v1.kv_cache_interface"}.get(name, "vllm." + name)] = (
+        importlib.import_module("fake_vllm." + name)
+    )
 records = []
 
 class Keep(logging.Handler):
@@ -329,6 +335,10 @@ import vllm_ascend
 vllm_ascend.__version__ = version
 IMPL, BUILDER = "AscendAttentionBackendImpl", "AscendAttentionMetadataBuilder"
 TARGETS = ((IMPL, "forward_impl"), (IMPL, "update_graph_params"), (BUILDER, "build"))
+if miss:  # an upstream that renamed update_graph_params: a surface miss
+    import vllm_ascend.attention.attention_v1 as av1
+    delattr(getattr(av1, IMPL), "update_graph_params")
+    TARGETS = TARGETS[::2]
 before = None
 if import_first:
     import vllm_ascend.attention.attention_v1 as av1
@@ -337,6 +347,7 @@ from graphbuf.adapters.vllm_ascend import patch, plugin
 plugin._probe_npu = lambda: (True, "an NPU, faked by the test")
 plugin.register()
 plugin.register()
+register_warnings = [m for level, m in records if level >= logging.WARNING]
 again = plugin.activate()
 import vllm_ascend.attention.attention_v1 as av1
 after = {f"{c}.{m}": getattr(av1, c).__dict__[m] for c, m in TARGETS}
@@ -348,7 +359,7 @@ def original(key, value):
 print("RESULT " + json.dumps({
     "decision": plugin.decision(),
     "again": again,
-    "warnings": [m for level, m in records if level >= logging.WARNING],
+    "warnings": register_warnings,
     "originals": {k: original(k, v) for k, v in after.items()},
     "marked": [c for c, _ in TARGETS if "_graphbuf_originals" in getattr(av1, c).__dict__],
     "patched": patch.is_patched(av1),
@@ -366,16 +377,11 @@ def _has_vllm_ascend_distribution() -> bool:
     return True
 
 
-@pytest.mark.skipif(
-    _has_vllm_ascend_distribution(), reason="an installed vllm-ascend reports its own version"
-)
-@pytest.mark.parametrize(("version", "import_first"), [("0.22.1", True), ("0.27.0rc1", False)])
-def test_unsupported_vllm_ascend_gets_one_warning_and_no_patch(
-    tmp_path: Path, version: str, import_first: bool
-) -> None:
+def _plugin_run(tmp_path: Path, version: str, import_first: bool, miss: bool) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("GRAPHBUF_VLLM_ASCEND_DISABLE", "PYTHONPATH")}
+    argv = [str(FAKE_ROOT), version, "1" if import_first else "0", "1" if miss else "0"]
     proc = subprocess.run(
-        [sys.executable, "-c", PLUGIN_SCRIPT, str(FAKE_ROOT), version, "1" if import_first else "0"],
+        [sys.executable, "-c", PLUGIN_SCRIPT, *argv],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -385,12 +391,38 @@ def test_unsupported_vllm_ascend_gets_one_warning_and_no_patch(
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [line] = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    result = json.loads(line.removeprefix("RESULT "))
-    assert result["decision"].startswith(f"inactive: vllm-ascend {version} is not in")
+    return json.loads(line.removeprefix("RESULT "))
+
+
+@pytest.mark.skipif(
+    _has_vllm_ascend_distribution(), reason="an installed vllm-ascend reports its own version"
+)
+@pytest.mark.parametrize(("version", "import_first"), [("0.22.1", True), ("0.27.0rc1", False)])
+def test_an_upstream_surface_miss_gets_one_warning_and_no_patch(
+    tmp_path: Path, version: str, import_first: bool
+) -> None:
+    """Activation is decided by the upstream surface, not the version string: a renamed method leaves the
+    plugin inactive (one warning per process naming the miss and the version), nothing patched."""
+    result = _plugin_run(tmp_path, version, import_first, miss=True)
+    assert result["decision"].startswith(f"inactive: vllm-ascend {version}: ")
+    assert "update_graph_params" in result["decision"]
     assert result["again"] == result["decision"]
     [warning] = result["warnings"]
-    assert f"vllm-ascend {version} is not supported" in warning
-    assert "0.23." in warning and "left untouched" in warning
+    assert f"inactive on vllm-ascend {version}" in warning and "update_graph_params" in warning
     assert all(result["originals"].values()), result["originals"]
     assert result["marked"] == [] and result["patched"] is False
     assert result["hook"] is False and result["torch_npu"] is False
+
+
+@pytest.mark.skipif(
+    _has_vllm_ascend_distribution(), reason="an installed vllm-ascend reports its own version"
+)
+@pytest.mark.parametrize(
+    ("version", "import_first"), [("0.22.1", True), ("0.19.1rc2.dev1637+g182b75ea8", False)]
+)
+def test_a_version_string_alone_never_refuses(tmp_path: Path, version: str, import_first: bool) -> None:
+    """Versions the old allow-list refused (an old release, a git checkout of main) activate when the
+    surface holds; the version is only logged."""
+    result = _plugin_run(tmp_path, version, import_first, miss=False)
+    assert result["decision"].startswith(f"active: vllm-ascend {version}"), result["decision"]
+    assert result["warnings"] == []

@@ -78,13 +78,18 @@ def test_name_inputs_keeps_a_freed_entry_reported() -> None:
 
 
 def test_run_with_a_list_and_no_num_reqs_names_the_type() -> None:
-    """runner.py:330 ``raise RefreshError('run(): sources must be a mapping or BoundSources, ...')`` (mutant:
-    the check dropped, a list reaches ``.items()``: AttributeError)."""
+    """runner.py:330 (now refresh/mapping.py ``read_call``, the argument check every entry point shares)
+    ``raise RefreshError('run(): sources must be a mapping ...')`` (mutant: the check dropped, a list reaches
+    ``.items()``: AttributeError)."""
     bufs = _buffers()
     runner = GraphRunner(bufs, _lens, output_rows="requests")
     runner.capture()
     slab = bufs.slab.numpy().tobytes()
-    with pytest.raises(RefreshError, match=r"^run\(\): sources must be a mapping or BoundSources, got list$"):
+    message = (
+        r"^run\(\): sources must be a mapping of buffer name to source, or BoundSources from bind\(\); "
+        r"got list$"
+    )
+    with pytest.raises(RefreshError, match=message):
         runner.run([torch.zeros(3, dtype=torch.int32)])  # type: ignore[arg-type]
     assert bufs.slab.numpy().tobytes() == slab
 

