@@ -1,7 +1,7 @@
 """Build of the optional native refresh kernel; everything else is declared in pyproject.toml.
 
-``graphbuf.refresh._native`` is optional: without a C compiler the install still succeeds and refresh
-takes its numpy path (``graphbuf.refresh.native.KERNEL`` is None).
+``graphbuf.buffers._native`` is optional: without a C compiler the install still succeeds and refresh
+takes its numpy path (``graphbuf.buffers.native.KERNEL`` is None).
 """
 
 import sys
@@ -13,8 +13,8 @@ FLAGS = [] if sys.platform == "win32" else ["-O3", "-std=c11", "-Wall", "-Wextra
 setup(
     ext_modules=[
         Extension(
-            "graphbuf.refresh._native",
-            ["graphbuf/refresh/_native.c"],
+            "graphbuf.buffers._native",
+            ["graphbuf/buffers/_native.c"],
             extra_compile_args=FLAGS,
             optional=True,
         )

@@ -13,7 +13,7 @@ guard (a ``threading.Lock`` acquired without blocking and released), the refresh
 * ``elementwise``: a few cheap ops on the captured ``seq_lens`` and ``block_table.full``. Its replay costs
   about what launching a device graph costs the host, so this share is the one that carries over to a
   device (and is the conservative one).
-* ``paged_decode``: graphbuf's built-in :class:`graphbuf.drill.PagedDecodeAttention` with small dims
+* ``paged_decode``: graphbuf's built-in :class:`graphbuf.drill.session.PagedDecodeAttention` with small dims
   (4 query heads, 2 KV heads, head dim 64, fp32). On cpu its attention math runs inside the replay, on the
   host, so its share is far smaller than a device would show.
 """
@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import SPEC, compare, render_table, step_buffers, write_json
 
-from graphbuf.buffers import StaticBuffers
-from graphbuf.drill import PagedDecodeAttention
+from graphbuf.buffers.slab import StaticBuffers
+from graphbuf.drill.session import PagedDecodeAttention
 from graphbuf.graphs.runner import GraphRunner, Step
-from graphbuf.planner import plan
-from graphbuf.spec import load_spec
+from graphbuf.planning.planner import plan
+from graphbuf.spec.models import load_spec
 
 __all__ = ["main", "run"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from graphbuf.spec import GraphSpec
+from graphbuf.spec.models import GraphSpec
 
 __all__ = ["main"]
 

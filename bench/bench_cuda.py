@@ -5,7 +5,7 @@ Usage: ``python bench/bench_cuda.py [--quick] [--json PATH]``. Without CUDA it p
 
 * Copies: ``StaticBuffers(spec, device="cuda")`` refreshed from pinned host sources (``common.step_buffers``)
   K times under ``torch.profiler`` (CPU + CUDA activities). The refresh runs in a
-  ``record_function("graphbuf.refresh")`` range while profiling; counted per refresh: device-side
+  ``record_function("graphbuf.buffers")`` range while profiling; counted per refresh: device-side
   ``Memcpy HtoD`` activities, ``cudaMemcpyAsync`` runtime calls inside the refresh ranges, and any other
   device memcpy/memset activity. Target: exactly one host-to-device copy per refresh. The device contents are
   checked once against a cpu refresh of the same sources. The same counts are taken for a refresh of the
@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SPEC, compare, render_table, step_buffers, write_json
 
 from graphbuf.adapters.vllm_ascend.binding import Gemma4AttentionTask
-from graphbuf.buffers import StaticBuffers
+from graphbuf.buffers.slab import StaticBuffers
 from graphbuf.graphs.runner import GraphRunner, Step
-from graphbuf.planner import Plan, plan
+from graphbuf.planning.planner import Plan, plan
 
 __all__ = ["count_copies", "main", "run"]
 
@@ -67,7 +67,7 @@ def count_copies(bufs: StaticBuffers, refresh: Callable[[], object], k: int) -> 
             refresh()
         _sync(device)
     events = list(prof.events())
-    ranges = [(e.time_range.start, e.time_range.end) for e in events if e.name == "graphbuf.refresh"]
+    ranges = [(e.time_range.start, e.time_range.end) for e in events if e.name == "graphbuf.buffers"]
 
     def inside(e: Any) -> bool:
         return any(lo <= e.time_range.start and e.time_range.end <= hi for lo, hi in ranges)

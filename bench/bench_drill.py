@@ -2,7 +2,8 @@
 
 Usage: ``python bench/bench_drill.py [--replays 60] [--seed 0] [--threads 0] [--json PATH]``.
 
-Runs :func:`graphbuf.drill.run_drill` on ``gemma4-31b-it-mtp`` exactly as ``graphbuf drill`` does (every
+Runs :func:`graphbuf.drill.session.run_drill` on ``gemma4-31b-it-mtp`` exactly as ``graphbuf drill`` does
+(every
 capture size, ``--replays`` batches compared with eager, the drill's own tolerance) and prints where its
 wall time goes, as a table and, on the last line, as JSON.
 
@@ -129,13 +130,13 @@ def run(replays: int = 60, seed: int = 0, threads: int = 0) -> dict[str, Any]:
     t0 = time.perf_counter()
     import torch
 
-    from graphbuf.drill import DrillSession, run_drill
-    from graphbuf.spec import load_spec
+    from graphbuf.drill.session import DrillSession, run_drill
+    from graphbuf.spec.models import load_spec
 
     for task in load_spec(SPEC).tasks:  # the spec's task factories, imported as the drill will
         __import__(task.factory.partition(":")[0])
     import_s = time.perf_counter() - t0
-    from graphbuf.buffers import StaticBuffers
+    from graphbuf.buffers.slab import StaticBuffers
     from graphbuf.graphs.graph import Graph
     from graphbuf.graphs.runner import GraphRunner
 

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import SPEC, StepBuffers, compare, render_table, step_buffers, write_json
 
-from graphbuf.buffers import StaticBuffers
-from graphbuf.planner import Plan, plan
+from graphbuf.buffers.slab import StaticBuffers
+from graphbuf.planning.planner import Plan, plan
 
 __all__ = ["LAYER_COUNTS", "Floor", "PerLayerBaseline", "main", "plot_layers", "run"]
 

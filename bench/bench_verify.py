@@ -30,7 +30,7 @@ from graphbuf.adapters.vllm_ascend.large_head import (
     verify_attention_blockwise,
     verify_workspace_bytes,
 )
-from graphbuf.planner import plan
+from graphbuf.planning.planner import plan
 
 __all__ = ["TARGET_RATIO", "chunk_for_ratio", "main", "run"]
 

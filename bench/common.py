@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphbuf.planner import Plan
+from graphbuf.planning.planner import Plan
 
 __all__ = [
     "SPEC",

@@ -1,7 +1,7 @@
 """graphbuf: declarative, address-stable capture/replay buffers for CUDA and Ascend NPU graphs.
 
-The data path, top-down: spec (:mod:`graphbuf.spec`) → plan (:mod:`graphbuf.planner`) → buffers
-(:mod:`graphbuf.buffers`) → refresh (:mod:`graphbuf.refresh`, a package)
+The data path, top-down: spec (:mod:`graphbuf.spec`) → plan (:mod:`graphbuf.planning`) → buffers
+and their refresh (:mod:`graphbuf.buffers`)
 → graph (:mod:`graphbuf.graphs.graph`) → runner (:mod:`graphbuf.graphs.runner`).
 
 Importing ``graphbuf`` itself imports only the standard library; each public name loads its module on first
@@ -30,13 +30,13 @@ _EXPORTS = {
     "RowsError": "graphbuf.errors",
     "SpecError": "graphbuf.errors",
     "WidthError": "graphbuf.errors",
-    "GraphSpec": "graphbuf.spec",
-    "load_spec": "graphbuf.spec",
-    "BufferPlan": "graphbuf.planner",
-    "Plan": "graphbuf.planner",
-    "plan": "graphbuf.planner",
-    "StaticBuffers": "graphbuf.buffers",
-    "BoundSources": "graphbuf.refresh",
+    "GraphSpec": "graphbuf.spec.models",
+    "load_spec": "graphbuf.spec.models",
+    "BufferPlan": "graphbuf.planning.planner",
+    "Plan": "graphbuf.planning.planner",
+    "plan": "graphbuf.planning.planner",
+    "StaticBuffers": "graphbuf.buffers.slab",
+    "BoundSources": "graphbuf.buffers",
     "Graph": "graphbuf.graphs.graph",
     "CapturedTask": "graphbuf.graphs.tasks",
     "TaskKind": "graphbuf.graphs.tasks",
@@ -46,7 +46,7 @@ _EXPORTS = {
     "EAGER_CAPTURE_FAILED": "graphbuf.graphs.runner",
     "EAGER_REFUSED": "graphbuf.graphs.runner",
     "EAGER_TOO_LARGE": "graphbuf.graphs.runner",
-    "RefreshStats": "graphbuf.refresh",
+    "RefreshStats": "graphbuf.buffers",
     "Step": "graphbuf.graphs.runner",
 }
 
@@ -100,7 +100,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from graphbuf.buffers import StaticBuffers
+    from graphbuf.buffers import BoundSources, RefreshStats
+    from graphbuf.buffers.slab import StaticBuffers
     from graphbuf.errors import (
         AddressChangedError,
         ArgumentError,
@@ -128,6 +129,5 @@ if TYPE_CHECKING:
         Step,
     )
     from graphbuf.graphs.tasks import CapturedTask, TaskKind
-    from graphbuf.planner import BufferPlan, Plan, plan
-    from graphbuf.refresh import BoundSources, RefreshStats
-    from graphbuf.spec import GraphSpec, load_spec
+    from graphbuf.planning.planner import BufferPlan, Plan, plan
+    from graphbuf.spec.models import GraphSpec, load_spec

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from graphbuf.coverage import Coverage, spec_coverage
 from graphbuf.errors import DeviceUnavailableError, GraphbufError, SpecError, UsageError
-from graphbuf.factories import RouteCost
-from graphbuf.planner import Plan, plan
-from graphbuf.spec import GraphSpec, load_spec, resolve_spec_path
+from graphbuf.planning.coverage import Coverage, spec_coverage
+from graphbuf.planning.planner import Plan, plan
+from graphbuf.spec.factories import RouteCost
+from graphbuf.spec.models import GraphSpec, load_spec, resolve_spec_path
 
 __all__ = ["main"]
 
@@ -218,7 +218,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_sizes(args: argparse.Namespace) -> int:
-    from graphbuf.sizes import propose_sizes, render_proposal, write_sizes
+    from graphbuf.planning.sizes import propose_sizes, render_proposal, write_sizes
 
     if args.write and not Path(args.spec).is_file():
         raise UsageError(f"{args.spec}: --write edits a spec file; give its path (copy a shipped spec first)")
@@ -249,15 +249,15 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
 def _cmd_drill(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
     if args.model is not None:  # the whole-model drill (graphbuf/model_drill, needs the `model` extra)
-        from graphbuf.model_drill import run_model_drill_cli
+        from graphbuf.drill.model import run_model_drill_cli
 
         return run_model_drill_cli(args, overrides)
     if args.padding_contract:
-        from graphbuf.padding_contract import run_padding_contract_cli
+        from graphbuf.drill.padding_contract import run_padding_contract_cli
 
         return run_padding_contract_cli(args, overrides)
     started = time.perf_counter()
-    from graphbuf.drill import run_drill_cli  # torch, Hypothesis: the drill's "import" phase
+    from graphbuf.drill.session import run_drill_cli  # torch, Hypothesis: the drill's "import" phase
 
     return run_drill_cli(args, overrides, import_seconds=time.perf_counter() - started)
 

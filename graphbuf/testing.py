@@ -16,7 +16,7 @@ module without it raises ImportError saying so. A user's own property test::
 
 Rows follow the spec's rules, widths stay within the captured allocation and values within ``min``/``max``.
 Relations the spec cannot state (e.g. a block table wide enough for each ``seq_len``) come from the spec's
-tasks: a registered task factory names a *relation* (:attr:`graphbuf.factories.TaskFactory.strategy`), a
+tasks: a registered task factory names a *relation* (:attr:`graphbuf.spec.factories.TaskFactory.strategy`), a
 function ``relation(plan, size, live) -> SearchStrategy[dict[str, source]]`` whose sources replace the
 generic ones for the buffers it returns. :func:`paged_kv` is one, for paged-KV block tables.
 """
@@ -41,9 +41,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from graphbuf.errors import RefreshError, RowsError, UsageError, WidthError
-from graphbuf.factories import task_strategy
-from graphbuf.planner import BufferPlan, Plan
-from graphbuf.spec import DTYPES, GraphSpec
+from graphbuf.planning.planner import BufferPlan, Plan
+from graphbuf.spec.factories import task_strategy
+from graphbuf.spec.models import DTYPES, GraphSpec
 from graphbuf.testing_steps import DecodeBatch, Step, next_step, stage_sources, stage_writes, steps  # noqa: F401
 
 __all__ = [
@@ -213,7 +213,8 @@ def _relations(
 
 
 def task_relations(spec: GraphSpec, allow_factories: Iterable[str] = ()) -> tuple[Relation, ...]:
-    """The relations the spec's tasks supply (see :mod:`graphbuf.factories`), each once, in task order."""
+    """The relations the spec's tasks supply (see :mod:`graphbuf.spec.factories`), each once, in task
+    order."""
     if not isinstance(spec, GraphSpec):
         raise UsageError(f"task_relations(spec=...): expected a GraphSpec, got {type(spec).__name__}")
     found: list[Relation] = []

@@ -35,13 +35,13 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
+from graphbuf.buffers.layout import NP_OF_TORCH
 from graphbuf.errors import RefreshError
-from graphbuf.planner import Plan
-from graphbuf.refresh.layout import NP_OF_TORCH
+from graphbuf.planning.planner import Plan
 
 __all__ = ["DecodeBatch", "Step", "Write", "next_step", "stage_sources", "stage_writes", "steps"]
 
-#: One staged write: (buffer name, method of :class:`graphbuf.refresh.staged.StagedBuffer`, arguments).
+#: One staged write: (buffer name, method of :class:`graphbuf.buffers.staged.StagedBuffer`, arguments).
 Write = tuple[str, str, tuple[Any, ...]]
 
 

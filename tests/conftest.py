@@ -17,6 +17,8 @@ from hypothesis import settings
 from graphbuf import StaticBuffers
 from graphbuf.testing import register_profiles
 
+# Helper modules the tests import by name.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 # The shipped planted-bug example (README, "A drill that shrinks") is the tests' planted_tasks module.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "planted"))
 

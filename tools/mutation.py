@@ -36,30 +36,68 @@ WORK = ROOT / "build" / "mutation"
 #: Module name -> (file, its own fast tests).
 MODULES: dict[str, tuple[str, list[str]]] = {
     "refresh.validate": (
-        "graphbuf/refresh/validate.py",
-        ["tests/test_refresh.py", "tests/test_pins_validate.py", "tests/test_bound.py"],
+        "graphbuf/buffers/validate.py",
+        [
+            "tests/unit/buffers/test_refresh.py",
+            "tests/unit/buffers/test_validate.py",
+            "tests/unit/buffers/test_bound.py",
+        ],
     ),
     "refresh.commit": (
-        "graphbuf/refresh/commit.py",
-        ["tests/test_refresh.py", "tests/test_pins_commit.py", "tests/test_buffers_state.py"],
+        "graphbuf/buffers/commit.py",
+        [
+            "tests/unit/buffers/test_refresh.py",
+            "tests/unit/buffers/test_commit.py",
+            "tests/unit/buffers/test_slab.py",
+        ],
     ),
-    "refresh.bound": ("graphbuf/refresh/bound.py", ["tests/test_bound.py", "tests/test_pins_bound.py"]),
-    "refresh.layout": ("graphbuf/refresh/layout.py", ["tests/test_refresh.py", "tests/test_pins_bound.py"]),
-    "refresh.mapping": ("graphbuf/refresh/mapping.py", ["tests/test_refresh.py", "tests/test_pins_bound.py"]),
-    "refresh.eager": ("graphbuf/refresh/eager.py", ["tests/test_refresh.py", "tests/test_pins_bound.py"]),
+    "refresh.bound": (
+        "graphbuf/buffers/bound.py",
+        ["tests/unit/buffers/test_bound.py", "tests/unit/buffers/test_bound_pins.py"],
+    ),
+    "refresh.layout": (
+        "graphbuf/buffers/layout.py",
+        ["tests/unit/buffers/test_refresh.py", "tests/unit/buffers/test_bound_pins.py"],
+    ),
+    "refresh.mapping": (
+        "graphbuf/buffers/mapping.py",
+        ["tests/unit/buffers/test_refresh.py", "tests/unit/buffers/test_bound_pins.py"],
+    ),
+    "refresh.eager": (
+        "graphbuf/buffers/eager.py",
+        ["tests/unit/buffers/test_refresh.py", "tests/unit/buffers/test_bound_pins.py"],
+    ),
     "graphs.watch": (
         "graphbuf/graphs/watch.py",
-        ["tests/test_graph_fidelity.py", "tests/test_runner.py", "tests/test_pins_runner.py"],
+        [
+            "tests/unit/graphs/test_graph_fidelity.py",
+            "tests/unit/graphs/test_runner.py",
+            "tests/unit/graphs/test_runner_pins.py",
+        ],
     ),
-    "graphs.runner": ("graphbuf/graphs/runner.py", ["tests/test_runner.py", "tests/test_pins_runner.py"]),
+    "graphs.runner": (
+        "graphbuf/graphs/runner.py",
+        ["tests/unit/graphs/test_runner.py", "tests/unit/graphs/test_runner_pins.py"],
+    ),
     "spec": (
-        "graphbuf/spec.py",
-        ["tests/test_spec.py", "tests/test_spec_hostile.py", "tests/test_pins_spec.py"],
+        "graphbuf/spec/models.py",
+        [
+            "tests/unit/spec/test_models.py",
+            "tests/unit/spec/test_models_hostile.py",
+            "tests/unit/spec/test_models_pins.py",
+        ],
     ),
-    "expr": ("graphbuf/expr.py", ["tests/test_expr.py", "tests/test_pins_spec.py"]),
+    "expr": (
+        "graphbuf/spec/expr.py",
+        ["tests/unit/spec/test_expr.py", "tests/unit/spec/test_models_pins.py"],
+    ),
     "planner": (
-        "graphbuf/planner.py",
-        ["tests/test_plan.py", "tests/test_route_costs.py", "tests/test_pins_planner.py"],
+        "graphbuf/planning/planner.py",
+        [
+            "tests/unit/planning/test_planner.py",
+            "tests/unit/adapters/test_costs.py",
+            "tests/unit/planning/test_planner_pins.py",
+        ],
     ),
 }
 

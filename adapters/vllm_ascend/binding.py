@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from graphbuf.buffers import StaticBuffers
+from graphbuf.buffers.slab import StaticBuffers
 from graphbuf.graphs.runner import OVERSIZE, Step
 from graphbuf.graphs.tasks import TaskKind
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from graphbuf.factories import RouteCost
+from graphbuf.spec.factories import RouteCost
 
 __all__ = [
     "ITEMSIZE",

@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
-from graphbuf.buffers import StaticBuffers
+from graphbuf.buffers.slab import StaticBuffers
 from graphbuf.errors import SpecError
-from graphbuf.factories import resolve_options
-from graphbuf.spec import GraphSpec, load_spec
+from graphbuf.spec.factories import resolve_options
+from graphbuf.spec.models import GraphSpec, load_spec
 
 from .routed_decode import RoutedDecodes
 from .task_options import DECODE_TASK, VERIFY_TASK, DecodeTaskOptions, VerifyTaskOptions

@@ -1,7 +1,7 @@
 """Batch relations of the adapter's drill tasks (``decode_task``, ``verify_task``): what vLLM's attention
 metadata guarantees and a spec cannot state.
 
-Registered as :attr:`graphbuf.factories.TaskFactory.strategy` of both tasks; :mod:`graphbuf.testing` and
+Registered as :attr:`graphbuf.spec.factories.TaskFactory.strategy` of both tasks; :mod:`graphbuf.testing` and
 ``graphbuf drill`` draw their batches through it. Needs Hypothesis (the ``test`` extra); the plugin and the
 patch never import this module.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from graphbuf.planner import Plan
+from graphbuf.planning.planner import Plan
 from graphbuf.testing import as_source, paged_kv
 
 __all__ = ["vllm_decode_batch"]

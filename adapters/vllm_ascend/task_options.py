@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from graphbuf.factories import TaskFactory
+from graphbuf.spec.factories import TaskFactory
 
 from .costs import decode_costs, verify_costs
 

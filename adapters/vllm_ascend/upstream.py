@@ -7,7 +7,7 @@ default. This module imports only the standard library and ``graphbuf.errors`` (
 only) at import time.
 
 Checked on: vllm-ascend 0.23.0.post1 + vLLM 0.23.0 ("0.23") and vllm-ascend main 182b75ea + vLLM 0.27.1
-("main"), by the real-module tests of both (``tests/real_vllm_ascend``).
+("main"), by the real-module tests of both (``tests/integration/real_vllm_ascend``).
 
 Modules: ``av1`` = vllm_ascend.attention.attention_v1, ``autils`` = vllm_ascend.attention.utils, ``afc`` =
 vllm_ascend.ascend_forward_context, ``vfc`` = vllm.forward_context, ``vcfg`` = vllm.config, ``vkv`` =

@@ -1,6 +1,6 @@
 """Drill tasks with planted bugs and known pad dependences (``--allow-factory planted_tasks``), shipped with
 ``planted.yaml`` for the README's drill transcript: the drill's shrinking and the padding contract
-(tests/test_drill_shrink.py) must find them."""
+(tests/unit/drill/test_shrink.py) must find them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from graphbuf import StaticBuffers, Step
-from graphbuf.factories import declare_options
+from graphbuf.spec.factories import declare_options
 
 #: The spec of ``planted.yaml`` beside this file, without its task (tests plant the task they need).
 PLANTED_SPEC: dict[str, Any] = {

@@ -36,13 +36,13 @@ from typing import Any
 
 import torch
 
-from graphbuf.buffers import StaticBuffers
+from graphbuf.buffers import BoundSources, check_num_reqs, read_call, requests_hint
+from graphbuf.buffers.slab import StaticBuffers
 from graphbuf.errors import ArgumentError, CaptureError, SpecError, TaskError
 from graphbuf.exclusive import Exclusive
-from graphbuf.expr import Expr, ExprError, parse_expr
 from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.tasks import TaskKind
-from graphbuf.refresh import BoundSources, check_num_reqs, read_call, requests_hint
+from graphbuf.spec.expr import Expr, ExprError, parse_expr
 
 __all__ = [
     "EAGER_CAPTURE_FAILED",

@@ -1,0 +1,244 @@
+"""Staging and commit: the only code that writes buffer memory, and the only device code of a refresh.
+
+Per buffer a high-water mark (rows, cols) bounds the cells that may differ from the pad: rows at and past
+``rows`` and columns at and past ``cols`` hold the pad in every row. A write of ``n`` live rows × ``w`` live
+columns touches the rectangle ``[:max(n, end, rows), :max(w, cols)]`` of that buffer only (``end``: the
+last padded row a ``repeat_last`` buffer fills at this capture size; 0 when no live row is there to repeat),
+so a refresh costs O(live rows × live width + the cells earlier refreshes dirtied), never O(capacity).
+
+The write runs in the native kernel when it is built (:mod:`graphbuf.buffers.native`; same cells, same
+values), else through numpy. On the cpu the rectangles are written into the slab in place. Staged (every
+accelerator; a cpu slab on request) they are written into one of ``depth`` host staging copies, then
+uploaded rectangle by rectangle with non-blocking copies on the device's current stream, then
+device-resident sources are copied on the device. An event recorded after the uploads fences each staging
+copy: it is reused only after its last upload finished, so ``depth`` must be at least the number of
+refreshes in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphbuf.buffers import native
+from graphbuf.buffers.layout import Layout, Slot
+from graphbuf.buffers.validate import Prepared, prepared
+
+__all__ = ["Committer", "RefreshStats", "write_live"]
+
+
+@dataclass(frozen=True)
+class RefreshStats:
+    """Byte accounting of the refreshes of one :class:`graphbuf.StaticBuffers`.
+
+    ``last_bytes``: bytes the last refresh wrote into the slab (cpu) or uploaded (staged), summed over the
+    rectangle it touched in each buffer; ``total_bytes``: the sum over all ``refreshes``.
+    """
+
+    refreshes: int = 0
+    last_bytes: int = 0
+    total_bytes: int = 0
+
+
+def write_live(
+    t: np.ndarray, src: np.ndarray | None, slot: Slot, n: int, w: int, end: int, rows: int, cols: int
+) -> tuple[int, int]:
+    """THE live-row write: ``src[:n, :w]`` into ``t[:n, :w]``; every other cell of ``t[:R, :C]`` (``R =
+    max(n, end, rows)``, ``C = max(w, cols)``) to the pad, or rows ``n..end`` to the last live row under
+    ``repeat_last``. ``rows``/``cols`` is ``t``'s high-water mark; return the new one. ``src`` None: the live
+    cells are written elsewhere (a device source); the rest still is. (The native kernel's ``write`` is
+    this function in C; ``tests/unit/buffers/test_native.py`` holds the two to the same bytes.)"""
+    if t.ndim == 1:
+        if src is not None:
+            t[:n] = src[:n]
+        top = n
+        if slot.repeat_last and n and end > n:
+            t[n:end] = t[n - 1]
+            top = end
+        if rows > top:
+            t[top:rows] = slot.pad
+        return top, 0
+    c = w if w > cols else cols
+    if src is not None:
+        t[:n, :w] = src[:n, :w]
+    if c > w and n:
+        t[:n, w:c] = slot.pad
+    top = n
+    if slot.repeat_last and n and end > n:
+        t[n:end, :c] = t[n - 1, :c]
+        top = end
+    if rows > top:
+        t[top:rows, :c] = slot.pad
+    return top, (w if top else 0)
+
+
+class Committer:
+    """Writes validated sources into one slab, tracking each buffer's high-water mark and the bytes moved.
+
+    ``staging``: None writes a cpu slab in place; N >= 1 assembles in N host staging copies (pinned off
+    the cpu) and uploads from them (the default on accelerators is 2).
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        slab: torch.Tensor,
+        full: Mapping[str, torch.Tensor],
+        *,
+        staging: int | None,
+        dirty: bool,
+    ) -> None:
+        self.layout = layout
+        self.device = slab.device
+        self.staged = staging is not None
+        self._full = tuple(full[s.name] for s in layout.order)
+        shapes = [s.plan.shape for s in layout.order]
+        # High-water marks by slot index: the pad fill leaves every buffer clean (poison: all dirty).
+        self._rows = [sh[0] if dirty else 0 for sh in shapes]
+        self._cols = [(sh[1] if len(sh) > 1 else 0) if dirty else 0 for sh in shapes]
+        if not self.staged:
+            self._targets = [[_np_view(t, s) for t, s in zip(self._full, layout.order)]]
+            self._stage_t: list[tuple[torch.Tensor, ...]] = []
+        else:
+            pin = slab.device.type != "cpu"  # pinned host memory is what makes an upload asynchronous
+            images = [torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=pin) for _ in range(staging)]
+            self._stage_t = [
+                tuple(img[s.plan.offset : s.plan.offset + s.plan.nbytes].view(t.dtype).view(t.shape)
+                      for t, s in zip(self._full, layout.order))
+                for img in images
+            ]  # fmt: skip
+            self._targets = [[_np_view(t, s) for t, s in zip(views, layout.order)] for views in self._stage_t]
+        # What the native write takes besides the targets: pad bytes by slot index, and per capture size
+        # the last row a repeat_last buffer fills (0 for the others).
+        self._pads = tuple(s.pad.tobytes() for s in layout.order)
+        self._ends = {
+            size: tuple(s.capacity[size][0] if s.repeat_last else 0 for s in layout.order)
+            for size in layout.plan.capture_sizes
+        }
+        # Sources may be views of the slab itself; each is read before any buffer it lies in is written.
+        self._slab = slab.numpy() if not self.staged else None  # in place: host sources
+        self._slab_storage = slab.untyped_storage().data_ptr()  # staged: device sources
+        self._events: list[Any] = [None] * len(self._targets)
+        self._turn = 0
+        self._refreshes = 0
+        self._last = 0
+        self._total = 0
+
+    @property
+    def depth(self) -> int:
+        """Host staging copies (1 when writing a cpu slab in place)."""
+        return len(self._targets)
+
+    @property
+    def turn(self) -> int:
+        """The staging copy the next refresh assembles in."""
+        return self._turn
+
+    @property
+    def stats(self) -> RefreshStats:
+        return RefreshStats(self._refreshes, self._last, self._total)
+
+    def mark(self, index: int) -> tuple[int, int]:
+        """The high-water mark (rows, cols) of the buffer at slot ``index``."""
+        return self._rows[index], self._cols[index]
+
+    def set_mark(self, index: int, rows: int, cols: int) -> None:
+        """Set that mark after a write outside :meth:`write` (:mod:`~graphbuf.buffers.staged`)."""
+        self._rows[index], self._cols[index] = rows, cols
+
+    def count(self, nbytes: int) -> None:
+        """Add ``nbytes`` written outside :meth:`write` to the last refresh (call after it)."""
+        self._last += nbytes
+        self._total += nbytes
+
+    def write(self, prepared: Sequence[Prepared], size: int) -> None:
+        """Write every validated source at capture size ``size``. Validation is over: this never raises on
+        a source."""
+        k = self._turn
+        if self._events[k] is not None:
+            self._events[k].synchronize()  # the upload that last read this staging copy has finished
+        targets = self._targets[k]
+        touched = self._rectangles(prepared, size) if self.staged else None
+        kernel = native.KERNEL
+        moved = None
+        if kernel is not None:
+            moved = kernel.write(targets, prepared, self._ends[size], self._pads, self._rows, self._cols)
+        if moved is None:
+            moved = self._write_numpy(targets, prepared, size)
+        if touched is not None:
+            self._upload(k, touched)
+        self._refreshes += 1
+        self._last = moved
+        self._total += moved
+
+    def _rectangles(self, prepared: Sequence[Prepared], size: int) -> list[tuple[Prepared, int, int, int]]:
+        """Per source, before its write: (prepared, end, rows, cols) of the rectangle it will touch. A device
+        source in the slab's own storage is cloned first: an upload before its copy could change it."""
+        out = []
+        for p in prepared:
+            slot, host, dev, n, w = p
+            if dev is not None and dev.untyped_storage().data_ptr() == self._slab_storage:
+                p = (slot, host, dev.clone(), n, w)
+            i = slot.index
+            end = self._ends[size][i]
+            out.append((p, end, *_rectangle(slot, n, w, end, self._rows[i], self._cols[i])))
+        return out
+
+    def _write_numpy(self, targets: list[np.ndarray], prepared: Sequence[Prepared], size: int) -> int:
+        """The write through numpy: every source with :func:`write_live`; return the bytes touched. A
+        source inside the slab (a view of a buffer) is copied first: an earlier write in this refresh could
+        change it after it was checked."""
+        rows_of, cols_of = self._rows, self._cols
+        ends = self._ends[size]
+        moved = 0
+        if self._slab is not None:
+            prepared = [_detached(p, self._slab) for p in prepared]
+        for slot, host, _, n, w in prepared:
+            i = slot.index
+            rows, cols = rows_of[i], cols_of[i]
+            end = ends[i]
+            rows_of[i], cols_of[i] = write_live(targets[i], host, slot, n, w, end, rows, cols)
+            r, c = _rectangle(slot, n, w, end, rows, cols)
+            moved += r * c * slot.itemsize
+        return moved
+
+    def _upload(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> None:
+        staged = self._stage_t[k]
+        for (slot, _, dev, n, w), end, r, c in touched:
+            dst, src = self._full[slot.index], staged[slot.index]
+            wide = dst.dim() == 2
+            if r and c:
+                (dst[:r, :c] if wide else dst[:r]).copy_(src[:r, :c] if wide else src[:r], non_blocking=True)
+            if dev is not None:  # device-resident source: its live cells, then its repeated rows
+                (dst[:n, :w] if wide else dst[:n]).copy_(dev, non_blocking=True)
+                if slot.repeat_last and n and end > n:
+                    tail = dst[n:end, :c] if wide else dst[n:end]
+                    tail.copy_((dst[n - 1 : n, :c] if wide else dst[n - 1 : n]).expand_as(tail))
+        event = getattr(torch, self.device.type).Event()
+        event.record()
+        self._events[k] = event
+        self._turn = (k + 1) % len(self._targets)
+
+
+def _rectangle(slot: Slot, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:
+    """(rows, cols) of the rectangle a write of ``n`` × ``w`` touches under marks ``rows``/``cols`` (cols 1
+    for a 1-D buffer); the native write counts the same."""
+    return max(n, end if n else 0, rows), (max(w, cols) if slot.ndim == 2 else 1)
+
+
+def _detached(p: Prepared, slab: np.ndarray) -> Prepared:
+    """``p`` with its live host values copied out when they may lie inside ``slab``."""
+    slot, host, dev, n, w = p
+    if host is None or not np.may_share_memory(host, slab):
+        return p
+    live = host[:n, :w] if host.ndim == 2 else host[:n]
+    return prepared(slot, live.copy(), dev, n, w)
+
+
+def _np_view(t: torch.Tensor, slot: Slot) -> np.ndarray:
+    """A numpy view of host tensor ``t`` in the slot's numpy element type (int16 bits for bfloat16)."""
+    return (t.view(torch.int16) if slot.bf16 else t).numpy()

@@ -1,0 +1,40 @@
+"""Eager inputs: what a step above the largest capture size reads, built fresh from validated sources.
+
+The sources went through exactly the validation of a refresh (same errors, same messages but for the
+``eager(size=N)`` label); the tensors are padded as a refresh pads a captured buffer, with the same
+:func:`graphbuf.buffers.commit.write_live`. No byte of the captured buffers is touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from graphbuf.buffers.commit import write_live
+from graphbuf.buffers.layout import Layout
+from graphbuf.buffers.validate import Prepared
+
+__all__ = ["build_eager"]
+
+
+def build_eager(
+    layout: Layout, prepared: Sequence[Prepared], size: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Each prepared buffer as a new tensor of its shape at ``size`` tokens on ``device``, padded."""
+    out = {}
+    for slot, host, dev, n, w in prepared:
+        rows, cols = layout.capacity(slot, size)
+        image = np.full((rows, cols) if cols else (rows,), slot.pad, dtype=slot.np_dtype)
+        write_live(image, host, slot, n, w, rows, 0, 0)
+        t = torch.from_numpy(image)
+        if slot.bf16:
+            t = t.view(torch.bfloat16)
+        t = t.to(device)
+        if dev is not None:
+            (t[:n, :w] if cols else t[:n]).copy_(dev)
+            if slot.repeat_last and 0 < n < rows:
+                t[n:] = t[n - 1]
+        out[slot.name] = t
+    return out

@@ -1,0 +1,177 @@
+"""The layout, resolved once: per buffer everything the hot path needs, and the errors that name a buffer.
+
+Nothing here touches buffer memory. A :class:`Slot` is built once per buffer when the buffers are made;
+:meth:`Layout.capacity` gives the (rows, cols) a buffer holds at a capture size (precomputed) or at any
+larger token count (evaluated, for eager steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphbuf.errors import RefreshError
+from graphbuf.planning.planner import BufferPlan, Plan
+
+__all__ = ["NP_OF_TORCH", "Layout", "Slot", "dtype_name", "where"]
+
+NP_OF_TORCH: dict[torch.dtype, np.dtype] = {
+    torch.bool: np.dtype(np.bool_),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.float16: np.dtype(np.float16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.uint16: np.dtype(np.uint16),
+    torch.uint32: np.dtype(np.uint32),
+    torch.uint64: np.dtype(np.uint64),
+}
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def where(op: str, size: int | str) -> str:
+    """The call label errors start with: ``refresh(size=8)``, ``eager(size=40)``, or a name (``bind()``)."""
+    return f"{op}(size={size})" if isinstance(size, int) else size
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One buffer, resolved once."""
+
+    plan: BufferPlan
+    index: int  # position in slab order
+    np_dtype: np.dtype  # element type of numpy views of the slab (int16 bits for bfloat16)
+    bf16: bool
+    kind: str  # numpy kind of the logical dtype: b, i, u, f
+    pad: Any  # pad as a numpy scalar of np_dtype (0 when repeat_last: the clean value)
+    repeat_last: bool
+    capacity: dict[int, tuple[int, int]]  # capture size → (rows, cols); cols 0 for 1-D
+    rows_of_requests: tuple[int, ...] | None  # live requests → rows; None: rows don't depend on them
+    requests_of_rows: dict[int, int] | None
+    lo: int | None
+    hi: int | None
+    fast: frozenset[np.dtype]  # host dtypes cast safely without a value check; empty for float buffers
+    ndim: int
+    itemsize: int  # bytes per element
+    bounded: bool  # min or max declared
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+
+class Layout:
+    """Every buffer of a plan as a :class:`Slot`, plus the facts refresh front-ends share."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        tpr = plan.tokens_per_request
+        self.tokens_per_request = tpr
+        self.max_requests = {s: s // tpr for s in plan.capture_sizes}
+        self.slots: dict[str, Slot] = {b.name: self._slot(i, b) for i, b in enumerate(plan.buffers)}
+        self.order = tuple(self.slots.values())
+        self.required = frozenset(s.name for s in self.order if not s.plan.keep)
+        self.per_group = frozenset(b.spec_name for b in plan.buffers if b.group is not None)
+
+    def _slot(self, index: int, b: BufferPlan) -> Slot:
+        p = self.plan
+        bf16 = b.dtype == torch.bfloat16
+        np_dtype = np.dtype(np.int16) if bf16 else NP_OF_TORCH[b.dtype]
+        kind = "f" if bf16 else np_dtype.kind
+        capacity = {}
+        for s in p.capture_sizes:
+            shape = p.shape_at(b, s)
+            capacity[s] = (shape[0], shape[1] if len(shape) > 1 else 0)
+        rows_of_requests = requests_of_rows = None
+        if b.rows.names & {"tokens", "requests"}:
+            tpr = p.tokens_per_request
+            rows_of_requests = tuple(
+                b.rows.eval({**p.constants, "tokens": r * tpr, "requests": r})
+                for r in range(p.capture_sizes[-1] // tpr + 1)
+            )
+            requests_of_rows = {}
+            for r, n in enumerate(rows_of_requests):
+                requests_of_rows.setdefault(n, r)
+        repeat_last = b.pad == "repeat_last"
+        pad = host_value(0 if repeat_last else b.pad, b.dtype, np_dtype)
+        fast: frozenset[np.dtype] = frozenset()
+        if kind != "f":  # float sources take the general path: it looks for NaN
+            fast = frozenset(d for d in NP_OF_TORCH.values() if np.can_cast(d, np_dtype, "safe"))
+        return Slot(
+            b, index, np_dtype, bf16, kind, pad, repeat_last, capacity, rows_of_requests, requests_of_rows,
+            b.min, b.max, fast, b.ndim, np_dtype.itemsize, b.min is not None or b.max is not None,
+        )  # fmt: skip
+
+    def capacity(self, slot: Slot, size: int) -> tuple[int, int]:
+        """(rows, cols) ``slot`` holds at ``size`` tokens: a capture size, or any count for an eager step."""
+        cap = slot.capacity.get(size)
+        if cap is None:
+            shape = self.plan.shape_at(slot.plan, size)
+            cap = (shape[0], shape[1] if len(shape) > 1 else 0)
+        return cap
+
+    def eager_bytes(self, size: int, limit: int) -> int:
+        """Bytes of every buffer's shape at ``size`` tokens (an eager step), summed until above ``limit``."""
+        total = 0
+        for slot in self.order:
+            rows, cols = self.capacity(slot, size)
+            total += rows * (cols or 1) * slot.itemsize
+            if total > limit:
+                break
+        return total
+
+    def rows_at(self, slot: Slot, size: int, num_reqs: int) -> int:
+        """The live rows of ``slot`` at ``num_reqs`` requests (its capacity if rows don't follow requests)."""
+        table = slot.rows_of_requests
+        if table is None:
+            return self.capacity(slot, size)[0]
+        if num_reqs < len(table):
+            return table[num_reqs]
+        p = self.plan
+        return slot.plan.rows.eval(
+            {**p.constants, "tokens": num_reqs * self.tokens_per_request, "requests": num_reqs}
+        )
+
+    # Errors that name a buffer or the call.
+
+    @staticmethod
+    def fail(cls: type[RefreshError], name: str, label: str, msg: str) -> RefreshError:
+        return cls(f"{label}: buffer {name!r}: {msg}")
+
+    def size_error(self, op: str, size: Any) -> RefreshError:
+        sizes = ", ".join(map(str, self.plan.capture_sizes))
+        return RefreshError(f"{op}(size={size!r}): not a capture size; sizes: {sizes}")
+
+    def missing_error(self, label: str, given: Iterable[str]) -> RefreshError:
+        missing = ", ".join(sorted(self.required.difference(given)))
+        return RefreshError(
+            f"{label}: missing buffer(s) {missing}; only buffers declared 'keep: true' may be omitted"
+        )
+
+    def slot(self, label: str, name: Any) -> Slot:
+        slot = self.slots.get(name) if isinstance(name, str) else None
+        if slot is None:
+            if name in self.per_group:
+                names = ", ".join(s.name for s in self.order if s.plan.spec_name == name)
+                raise self.fail(
+                    RefreshError, name, label, f"is declared per group; pass each group's buffer: {names}"
+                )
+            raise self.fail(RefreshError, str(name), label, f"unknown buffer; known: {', '.join(self.slots)}")
+        return slot
+
+
+def host_value(value: Any, dtype: torch.dtype, np_dtype: np.dtype) -> Any:
+    """``value`` as the numpy scalar stored in the slab (bfloat16 as its int16 bits)."""
+    if dtype == torch.bfloat16:
+        return np.int16(torch.tensor(value, dtype=torch.bfloat16).view(torch.int16).item())
+    return np_dtype.type(value)

@@ -1,0 +1,90 @@
+"""The call's arguments, checked once for every entry point, and the mapping front-end: a refresh from
+``{buffer name: source}``, each source validated on every call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphbuf.buffers.bound import BoundSources
+from graphbuf.buffers.layout import Layout
+from graphbuf.buffers.validate import Prepared, check_num_reqs, check_source, live_requests
+from graphbuf.errors import RefreshError
+
+__all__ = ["prepare_mapping", "read_call"]
+
+
+def read_call(
+    owner: object, sources: Any, num_reqs: Any, widths: Any, label: str
+) -> dict[str, Any] | BoundSources:
+    """``sources`` checked against the call's other arguments, the one place these rules live: bound
+    sources of ``owner`` (their StaticBuffers) need ``num_reqs``; ``widths`` applies to bound sources only.
+    A mapping is read exactly once, into a plain dict (the items, not the values): its ``keys()`` or
+    ``items()`` never run again, so no user code runs between the check of a value and its write."""
+    if type(sources) is dict:
+        if widths is not None:
+            raise _widths_error(label)
+        return sources
+    if isinstance(sources, BoundSources):
+        if sources.buffers is not owner:
+            raise RefreshError(f"{label}: these bound sources belong to other StaticBuffers")
+        if num_reqs is None:
+            raise RefreshError(f"{label}: bound sources carry no row counts; pass num_reqs=")
+        return sources
+    if not isinstance(sources, Mapping):
+        raise RefreshError(
+            f"{label}: sources must be a mapping of buffer name to source, or BoundSources from bind(); "
+            f"got {type(sources).__name__}"
+        )
+    if widths is not None:
+        raise _widths_error(label)
+    return dict(sources.items())
+
+
+def _widths_error(label: str) -> RefreshError:
+    return RefreshError(f"{label}: widths= applies to BoundSources; a mapping's sources carry their widths")
+
+
+def prepare_mapping(
+    layout: Layout,
+    sources: dict[str, Any],
+    size: int,
+    num_reqs: Any,
+    label: str,
+    *,
+    strict: bool,
+    device: torch.device,
+    omit: frozenset[str] = frozenset(),
+) -> tuple[list[Prepared], int]:
+    """Validate every source of ``sources`` (as :func:`read_call` returns it) at ``size`` tokens; return
+    them prepared and the live count.
+
+    ``size`` is a capture size, or (eager) any token count; then ``num_reqs`` has no upper limit.
+    ``omit``: buffers that may be left out (staged buffers, committed from their host state).
+    """
+    if num_reqs is not None:
+        num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
+    prepared = []
+    append = prepared.append
+    other = False
+    for name, src in sources.items():
+        tp = type(src)
+        if tp is not np.ndarray and tp is not torch.Tensor:
+            other = True
+        append(check_source(layout, name, src, size, label, strict=strict, device=device))
+    if other:  # converting a list (numpy reads the objects in it) or a subclass may run code that changes a
+        # source checked before it: check the plain arrays and tensors again, after the last such code ran
+        prepared = [
+            check_source(layout, name, src, size, label, strict=strict, device=device)
+            if type(src) is np.ndarray or type(src) is torch.Tensor
+            else p
+            for p, (name, src) in zip(prepared, sources.items())
+        ]
+    if (len(prepared) < len(layout.required) or not layout.required.issubset(sources)) and (
+        not omit or not layout.required.issubset(omit.union(sources))
+    ):
+        raise layout.missing_error(label, sources)
+    return prepared, live_requests(layout, prepared, size, num_reqs, label)

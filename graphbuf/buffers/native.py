@@ -1,0 +1,38 @@
+"""The native refresh kernel (``graphbuf/buffers/_native.c``), when it was built.
+
+:data:`KERNEL` is the compiled module, or None: the install had no C compiler, or ``GRAPHBUF_NATIVE=0``
+was set before import. Either way a refresh writes the same bytes and raises the same errors; the kernel
+only turns the per-source checks and the live-row write into one C call each instead of several Python and
+numpy calls. Its functions:
+
+* ``fit(arr, rows, width, lo, hi)``: True/False when the values of the live region lie within
+  ``lo..hi``; None when it does not check that dtype (floats: NaN) — the numpy check decides then;
+* ``accept(arr, ndim, cap_rows, cap_cols, lo, hi)``: ``(rows, width)`` of a whole integer source that
+  needs no more checks (layout, capacity, values); None otherwise — the general path then accepts it,
+  clips it or names what is wrong;
+* ``write(targets, items, ends, pads, rows_of, cols_of)``: :func:`graphbuf.buffers.commit.write_live`
+  for every item, resolved and range-checked before the first byte is written; None, with nothing
+  written, when an item needs a cast it does not do, a source is misaligned, or a source shares bytes
+  with a buffer the write touches (the numpy write handles those).
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+__all__ = ["KERNEL"]
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get("GRAPHBUF_NATIVE", "1") == "0":
+        return None
+    try:
+        from graphbuf.buffers import _native
+    except ImportError:
+        return None
+    return _native
+
+
+#: The compiled kernel, or None (numpy path). Read at call time, so tests may swap it.
+KERNEL: ModuleType | None = _load()

@@ -1,0 +1,297 @@
+"""StaticBuffers: one slab per device holding every captured buffer at a fixed address, forever.
+
+Invariants:
+  * the slab is allocated once, in ``__init__``; nothing is ever reallocated or rebound;
+  * ``view(size)`` returns views into the slab; views of one buffer at different sizes start at the same
+    address, so a graph captured at any size keeps reading the bytes ``refresh`` writes;
+  * ``refresh`` validates every source before writing any byte (see :mod:`graphbuf.buffers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphbuf.buffers import (
+    BoundSources,
+    Committer,
+    Layout,
+    Prepared,
+    RefreshStats,
+    Source,
+    StagedBuffer,
+    StagingArea,
+    build_eager,
+    check_num_reqs,
+    count_of,
+    prepare_mapping,
+    read_call,
+    where,
+)
+from graphbuf.devices import resolve_device
+from graphbuf.errors import RefreshError, RowsError
+from graphbuf.exclusive import Exclusive
+from graphbuf.planning.planner import Plan, plan
+from graphbuf.spec.expr import ExprError
+from graphbuf.spec.models import GraphSpec
+
+__all__ = ["StaticBuffers", "poison_value"]
+
+
+def poison_value(dtype: torch.dtype) -> int | float | bool:
+    """The sentinel a poisoned slab holds: NaN for floats, the minimum for integers, True for bool."""
+    if dtype.is_floating_point:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return torch.iinfo(dtype).min
+
+
+class StaticBuffers:
+    """Every buffer of a spec, allocated once in ONE slab on ``device``.
+
+    Invariants: the slab is allocated once and never moves; buffers are written only by :meth:`refresh`
+    (a refresh assumes cells it did not dirty still hold the pad); one thread at a time (a second
+    concurrent call raises :class:`graphbuf.ConcurrentUseError` instead of waiting).
+
+    Args:
+        spec: a :class:`GraphSpec`, a spec path or shipped name, or an existing :class:`Plan`.
+        device: where the slab lives (``"cpu"``, ``"cuda[:N]"``, ``"npu[:N]"``).
+        overrides: constant overrides (e.g. ``{"num_blocks": n}``), applied before planning.
+        poison: fill the slab with :func:`poison_value` sentinels instead of the pad values, so a read of a
+            row that was never written shows up.
+        strict: also check value bounds (``min``/``max``) and NaN of device-resident sources, which costs a
+            device sync. Host sources are always checked.
+        max_bytes: the slab limit (default: the spec's ``limits.max_bytes``).
+        staging: host staging copies uploads are assembled in; must be at least the number of refreshes in
+            flight (issued, their uploads not finished). Default 2 on an accelerator; on the cpu None writes
+            the slab in place, and N stages through N copies as an accelerator would. Uploads run as
+            non-blocking copies on the device's current stream.
+    """
+
+    def __init__(
+        self,
+        spec: GraphSpec | Plan | str,
+        device: str | torch.device = "cpu",
+        *,
+        overrides: Mapping[str, int] | None = None,
+        poison: bool = False,
+        strict: bool = False,
+        max_bytes: int | None = None,
+        staging: int | None = None,
+    ) -> None:
+        self.device = resolve_device(device, f"StaticBuffers(device={device!r})")
+        if staging is None and self.device.type != "cpu":
+            staging = 2
+        if staging is not None and (count_of(staging) is None or staging < 1):
+            raise ValueError(
+                f"StaticBuffers(staging={staging!r}): allowed: an integer >= 1, or None on the cpu"
+            )
+        self.plan: Plan = (
+            spec if isinstance(spec, Plan) else plan(spec, overrides=overrides, max_bytes=max_bytes)
+        )
+        self.strict = strict
+        self.slab = torch.empty(self.plan.total_bytes, dtype=torch.uint8, device=self.device)
+        full: dict[str, torch.Tensor] = {}
+        for b in self.plan.buffers:
+            typed = self.slab[b.offset : b.offset + b.nbytes].view(b.dtype)
+            t = typed.view(b.shape)
+            pad = 0 if b.pad == "repeat_last" else b.pad
+            t.fill_(poison_value(b.dtype) if poison else pad)
+            full[b.name] = t
+        self._full = MappingProxyType(full)
+        self._views: dict[int, Mapping[str, torch.Tensor]] = {}
+        for s in self.plan.capture_sizes:
+            views = {}
+            for b in self.plan.buffers:
+                shape = self.plan.shape_at(b, s)
+                t = full[b.name][: shape[0]]
+                if len(shape) == 2 and shape[1] != b.shape[1]:
+                    t = t[:, : shape[1]]
+                views[b.name] = t
+            self._views[s] = MappingProxyType(views)
+        self.layout = Layout(self.plan)
+        self._labels = {s: where("refresh", s) for s in self.plan.capture_sizes}  # not formatted per call
+        self._commit = Committer(self.layout, self.slab, full, staging=staging, dirty=poison)
+        self._guard = Exclusive(
+            "{call}: another thread is using these StaticBuffers (or BoundSources bound to them); use one "
+            "StaticBuffers per thread or serialize the calls"
+        )
+        self._staging = StagingArea(self.layout, self._commit, full, self.slab, self._guard)
+
+    @property
+    def capture_sizes(self) -> tuple[int, ...]:
+        """The capture sizes, sorted ascending."""
+        return self.plan.capture_sizes
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Buffer names (per-group buffers as ``<name>.<group>``), in slab order."""
+        return self.plan.names
+
+    @property
+    def full(self) -> Mapping[str, torch.Tensor]:
+        """Each buffer's whole allocation (its shape at the largest capture size)."""
+        return self._full
+
+    @property
+    def stats(self) -> RefreshStats:
+        """Refresh count and bytes written (cpu) or uploaded (staged): last refresh and total."""
+        return self._commit.stats
+
+    @property
+    def staging(self) -> int | None:
+        """Host staging copies (None: a cpu slab written in place)."""
+        return self._commit.depth if self._commit.staged else None
+
+    def view(self, size: int) -> Mapping[str, torch.Tensor]:
+        """Name → the rows a graph of ``size`` tokens captures, as views into the slab."""
+        views = self._views.get(size) if type(size) is int else None
+        if views is None:
+            raise self.layout.size_error("view", size)
+        return views
+
+    def addresses(self, size: int) -> tuple[int, ...]:
+        """Data pointers of ``view(size)`` in :attr:`names` order: what a graph of ``size`` baked in."""
+        views = self._views.get(size) if type(size) is int else None
+        if views is None:
+            raise self.layout.size_error("addresses", size)
+        return tuple(t.data_ptr() for t in views.values())
+
+    def refresh(
+        self,
+        size: int,
+        sources: Mapping[str, Source] | BoundSources,
+        *,
+        num_reqs: int | None = None,
+        widths: Mapping[str, int] | None = None,
+        strict: bool | None = None,
+    ) -> int:
+        """Write ``sources`` into the buffers captured at ``size``; return the live request count. The one
+        refresh: every other way in (``BoundSources.refresh``, :class:`graphbuf.GraphRunner`) calls this.
+
+        ``sources``: a mapping of buffer name to torch tensor, numpy array or list, on the host or on this
+        device (every buffer not declared ``keep: true``; the live request count comes from the rows, or
+        ``num_reqs``, and all must agree), read once; or the :class:`BoundSources` from :meth:`bind` (then
+        ``num_reqs`` is required and ``widths`` gives 2-D live widths). Everything is validated first; on
+        any :class:`graphbuf.RefreshError` (or :class:`graphbuf.AddressChangedError` for a bound source
+        changed in place) no byte changes.
+
+        After a valid refresh with n live rows and source width w: rows ``[:n, :w]`` equal the source,
+        ``[:n, w:]`` and rows ``[n:]`` equal the pad value (``repeat_last``: the last live row, up to the
+        rows captured at ``size``). Cost: the live cells plus the cells earlier refreshes dirtied
+        (:attr:`stats`).
+        """
+        guard = self._guard
+        guard.enter("refresh()")
+        try:
+            if type(size) is not int or size not in self._views:
+                raise self.layout.size_error("refresh", size)
+            if torch._C._autograd._profiler_enabled():
+                with torch.profiler.record_function("graphbuf.buffers"):
+                    return self._refresh(size, sources, num_reqs, widths, strict)
+            return self._refresh(size, sources, num_reqs, widths, strict)
+        finally:
+            guard.release()
+
+    def _refresh(self, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
+        """Prepare (every check, staged cells included), then commit (every write)."""
+        staging = self._staging
+        prepared, live = self._prepare(
+            self._labels[size], size, sources, num_reqs, widths, strict, omit=staging.names
+        )
+        staged = staging.prepare(prepared, size, live, self._labels[size]) if staging.names else None
+        self._commit.write(prepared, size)
+        if staged is not None:
+            staging.apply(staged, prepared)
+        return live
+
+    def eager_inputs(
+        self,
+        size: int,
+        sources: Mapping[str, Source] | BoundSources,
+        *,
+        num_reqs: int | None = None,
+        widths: Mapping[str, int] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Fresh device tensors for an eager step of ``size`` tokens (above the largest capture size, or a
+        size that runs eagerly), validated exactly as :meth:`refresh` validates (same errors and messages,
+        labelled ``eager(size=N)``) and padded as a refresh pads. Buffers not given (``keep: true``) are
+        the largest capture's views. No byte of the slab changes. The step's tensors are bounded by the
+        spec's ``limits.max_bytes`` (checked before anything is allocated), and ``num_reqs`` by ``size``."""
+        with self._guard.hold("eager_inputs()"):
+            n = count_of(size)
+            if n is None or n < 1:
+                raise RefreshError(f"eager(size={size!r}): allowed: a token count >= 1")
+            label = where("eager", n)
+            self._check_eager(label, n, num_reqs)
+            prepared, _ = self._prepare(label, n, sources, num_reqs, widths, None)
+            out = build_eager(self.layout, prepared, n, self.device)
+            largest = self._views[self.capture_sizes[-1]]
+            return {name: out[name] if name in out else largest[name] for name in self.names}
+
+    def _check_eager(self, label: str, size: int, num_reqs: Any) -> None:
+        """An eager step of ``size`` tokens fits ``limits.max_bytes`` and holds ``num_reqs`` requests."""
+        limit = self.plan.max_bytes
+        try:
+            need = self.layout.eager_bytes(size, limit)
+        except ExprError as exc:
+            raise RefreshError(
+                f"{label}: the buffers' shapes cannot be evaluated at {size} tokens: {exc}"
+            ) from None
+        if need > limit:
+            raise RefreshError(
+                f"{label}: an eager step of {size} tokens needs more than limits.max_bytes ({limit} bytes) "
+                "of inputs; allowed: a step whose inputs fit the spec's limits.max_bytes"
+            )
+        cap = size // self.layout.tokens_per_request
+        n = None if num_reqs is None else check_num_reqs(num_reqs, None, label)
+        if n is not None and n > cap:
+            raise RowsError(
+                f"{label}: num_reqs={n}, but an eager step of {size} tokens holds 0..{cap} requests"
+            )
+
+    def _prepare(
+        self,
+        label: str,
+        size: int,
+        sources: Any,
+        num_reqs: Any,
+        widths: Any,
+        strict: bool | None,
+        omit: frozenset[str] = frozenset(),
+    ) -> tuple[list[Prepared], int]:
+        strict = self.strict if strict is None else strict
+        sources = read_call(self, sources, num_reqs, widths, label)  # a plain dict, or BoundSources
+        if type(sources) is dict:
+            return prepare_mapping(
+                self.layout, sources, size, num_reqs, label, strict=strict, device=self.device, omit=omit
+            )
+        return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
+
+    def stage(self, name: str) -> StagedBuffer:
+        """Staged writes to buffer ``name`` (set/append in a row, set/move/swap/clear rows, scatter),
+        committed by the next ``refresh(size, sources, num_reqs=n)`` that leaves ``name`` out of ``sources``:
+        only the changed cells are checked and written (see :mod:`graphbuf.buffers.staged`)."""
+        with self._guard.hold("stage()"):
+            return self._staging.buffer(name)
+
+    def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
+        """Bind persistent host ``sources`` once; refresh them with ``refresh(size, bound, num_reqs=n)``
+        (see :mod:`graphbuf.buffers.bound`).
+
+        Each bound source must keep its address and shape for as long as it is bound; every buffer not
+        declared ``keep: true`` must be bound.
+        """
+        with self._guard.hold("bind()"):
+            return BoundSources(self, self.layout, sources)
+
+    def __repr__(self) -> str:
+        return (
+            f"StaticBuffers({self.plan.spec.name!r}, device={str(self.device)!r}, "
+            f"buffers={len(self.names)}, bytes={self.plan.total_bytes})"
+        )

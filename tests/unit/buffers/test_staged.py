@@ -1,0 +1,219 @@
+"""Staged writes (issue 22 §1-2): the write API, stage-time errors, commit checks, rejected commits, bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graphbuf import StaticBuffers
+from graphbuf.buffers import native
+from graphbuf.errors import RefreshError, RowsError, WidthError
+
+SPEC = "gemma4-31b-it-mtp"
+BT = "block_table.full"
+W = 43  # cdiv(5500, 128)
+
+
+def _buffers(staging: int | None = None, **kw) -> StaticBuffers:
+    return StaticBuffers(SPEC, overrides={"num_blocks": 64}, staging=staging, **kw)
+
+
+def _rest(n: int, *, slots: bool = True) -> dict[str, np.ndarray]:
+    """Full sources of every buffer but the full-group table and seq_lens, for ``n`` requests."""
+    out = {
+        "block_table.sliding": np.zeros((n, W), np.int32),
+        "query_start_loc": np.arange(0, 4 * n + 1, 4, dtype=np.int32),
+    }
+    if slots:
+        out["slot_mapping.full"] = np.full(4 * n, -1, np.int64)
+        out["slot_mapping.sliding"] = np.full(4 * n, -1, np.int64)
+    return out
+
+
+def _state(b: StaticBuffers) -> bytes:
+    return b.slab.numpy().tobytes()
+
+
+@pytest.fixture(params=["in-place", "staged"])
+def buffers(request) -> StaticBuffers:
+    return _buffers(None if request.param == "in-place" else 2)
+
+
+def test_the_write_api_mirrors_a_block_table(buffers: StaticBuffers) -> None:
+    bt, lens = buffers.stage(BT), buffers.stage("seq_lens")
+    bt.set_row(0, [1, 2, 3])
+    bt.append(0, [4, 5])
+    bt.set(1, [9, 8], col=2)
+    bt.set_row(2, [7])
+    lens.set(0, np.array([640, 300, 10], np.int32))
+    buffers.refresh(12, _rest(3), num_reqs=3)
+    t = buffers.full[BT]
+    assert t[0, :6].tolist() == [1, 2, 3, 4, 5, 0]
+    assert t[1, :5].tolist() == [0, 0, 9, 8, 0]
+    assert bt.lengths[:3].tolist() == [5, 4, 1]
+    bt.move_row(0, 2)  # condense: row 0's request moves to row 2 (vLLM's move_row copies)
+    bt.swap_rows(0, 1)
+    bt.clear_row(1)
+    bt.scatter([2, 2], np.array([30, 31], np.int32), cols=[5, 6])
+    lens.scatter([0], np.array([11], np.int32))
+    buffers.refresh(12, _rest(3), num_reqs=3)
+    assert t[0, :5].tolist() == [0, 0, 9, 8, 0]
+    assert t[1].tolist() == [0] * W
+    assert t[2, :8].tolist() == [1, 2, 3, 4, 5, 30, 31, 0]
+    assert buffers.full["seq_lens"][:4].tolist() == [11, 300, 10, 0]
+    assert not bt.pending and not lens.pending
+
+
+def test_rows_past_the_live_count_stay_on_the_host_until_they_are_live(buffers: StaticBuffers) -> None:
+    bt = buffers.stage(BT)
+    bt.set_row(0, [1])
+    bt.set_row(5, [6, 6])  # past the live rows: kept in the host state, the buffer row stays pad
+    buffers.stage("seq_lens").set(0, np.array([1, 1, 1, 1, 1, 1], np.int32))
+    buffers.refresh(4, _rest(1), num_reqs=1)
+    assert buffers.full[BT][5].tolist() == [0] * W
+    assert bt.host[5, :2].tolist() == [6, 6]
+    buffers.refresh(24, _rest(6), num_reqs=6)  # row 5 enters the live range: its values go up
+    assert buffers.full[BT][5, :3].tolist() == [6, 6, 0]
+    buffers.refresh(8, _rest(2), num_reqs=2)  # and leaves it: cleared
+    assert buffers.full[BT][2:].eq(0).all()
+    assert buffers.full["seq_lens"][2:].eq(0).all()
+
+
+def test_staging_outside_the_allocation_fails_at_stage_time(buffers: StaticBuffers) -> None:
+    bt, sm = buffers.stage(BT), buffers.stage("slot_mapping.full")
+    with pytest.raises(RowsError, match=r"set\(\): buffer 'block_table.full': row 16 outside the captured "):
+        bt.set(16, [1])
+    with pytest.raises(WidthError, match=r"columns 42\.\.43 reach outside the captured allocation of 43"):
+        bt.set(0, [1, 2], col=42)
+    with pytest.raises(WidthError, match="column 43 outside"):
+        bt.scatter([0], np.array([1], np.int32), cols=[43])
+    with pytest.raises(RowsError, match="row -1 outside"):
+        bt.move_row(-1, 0)
+    with pytest.raises(RowsError, match=r"rows 63\.\.64 reach outside the captured allocation of 64 rows"):
+        sm.set(63, [1, 2])
+    with pytest.raises(RefreshError, match="dtype float64 cannot be cast safely to int32"):
+        bt.set(0, np.array([1.5]))
+    with pytest.raises(RefreshError, match=r"values 0\.\.2147483648 do not fit int32"):
+        bt.set(0, [0, 2**31])
+    with pytest.raises(RefreshError, match="is padded repeat_last; staged writes do not apply"):
+        buffers.stage("query_start_loc")
+    assert not bt.pending and not sm.pending  # a refused write stages nothing
+
+
+def _full_refresh_error(staged: StaticBuffers, size: int, n: int) -> RefreshError:
+    """The error a full refresh of ``staged``'s host state raises."""
+    ref = _buffers()
+    srcs = {**_rest(n), BT: staged.stage(BT).host[:n].copy(), "seq_lens": staged.stage("seq_lens").host[:n]}
+    with pytest.raises(RefreshError) as info:
+        ref.refresh(size, srcs, num_reqs=n)
+    return info.value
+
+
+@pytest.mark.parametrize("kernel", ["native", "numpy"])
+def test_a_rejected_commit_changes_no_byte_and_keeps_its_writes_staged(
+    buffers: StaticBuffers, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if kernel == "numpy":
+        monkeypatch.setattr(native, "KERNEL", None)
+    bt, lens = buffers.stage(BT), buffers.stage("seq_lens")
+    bt.set_row(0, np.array([1, 2], np.int32))
+    lens.set(0, np.array([200, 300], np.int32))
+    buffers.refresh(8, _rest(2), num_reqs=2)
+    before, stats = _state(buffers), buffers.stats
+    bt.append(1, np.array([5, 64], np.int32))  # 64 is above max (num_blocks - 1)
+    lens.set(1, np.array([301], np.int32))
+    with pytest.raises(RefreshError) as info:
+        buffers.refresh(8, _rest(2), num_reqs=2)
+    want = _full_refresh_error(buffers, 8, 2)
+    assert type(info.value) is type(want) and str(info.value) == str(want)
+    assert str(want) == (
+        "refresh(size=8): buffer 'block_table.full': value 64 at index [1, 1] is above max 63 (max: "
+        "num_blocks - 1)"
+    )
+    assert _state(buffers) == before and buffers.stats == stats
+    assert bt.pending and lens.pending  # the writes stay staged: fix the bad cell, refresh again
+    with pytest.raises(RefreshError):
+        buffers.refresh(8, _rest(2), num_reqs=2)
+    bt.set(1, np.array([6], np.int32), col=1)
+    buffers.refresh(8, _rest(2), num_reqs=2)
+    assert buffers.full[BT][1, :3].tolist() == [5, 6, 0]
+    assert buffers.full["seq_lens"][:2].tolist() == [200, 301]
+
+
+def test_a_value_entering_the_live_range_is_checked(buffers: StaticBuffers) -> None:
+    lens = buffers.stage("seq_lens")
+    buffers.stage(BT)
+    lens.set(0, np.array([1, 9999], np.int32))  # row 1 is not live yet: nothing checks it
+    buffers.refresh(4, _rest(1), num_reqs=1)
+    before = _state(buffers)
+    with pytest.raises(RefreshError, match=r"'seq_lens': value 9999 at index \[1\] is above max 5500"):
+        buffers.refresh(8, _rest(2), num_reqs=2)
+    assert _state(buffers) == before
+
+
+def test_a_staged_buffer_given_whole_takes_the_source(buffers: StaticBuffers) -> None:
+    bt = buffers.stage(BT)
+    bt.set_row(0, [1, 2])
+    with pytest.raises(RefreshError, match="has staged writes; pass it whole or leave it out"):
+        buffers.refresh(4, {**_rest(1), BT: np.zeros((1, W), np.int32), "seq_lens": [1]}, num_reqs=1)
+    buffers.refresh(4, {**_rest(1), "seq_lens": [1]})  # commits the staged row
+    src = np.zeros((2, 4), np.int32)
+    src[1] = [3, 4, 5, 6]
+    buffers.refresh(8, {**_rest(2), BT: src, "seq_lens": [1, 1]})  # given whole: the host state follows
+    assert bt.host[:2, :5].tolist() == [[0, 0, 0, 0, 0], [3, 4, 5, 6, 0]]
+    bt.append(1, [7])
+    buffers.refresh(8, {**_rest(2), "seq_lens": [1, 1]})
+    assert buffers.full[BT][1, :6].tolist() == [3, 4, 5, 6, 7, 0]
+
+
+def test_the_first_staged_write_starts_from_the_buffer_contents(buffers: StaticBuffers) -> None:
+    src = np.arange(1, 9, dtype=np.int32).reshape(2, 4)
+    buffers.refresh(8, {**_rest(2), BT: src, "seq_lens": [5, 6]})
+    bt = buffers.stage(BT)
+    assert bt.host[:2, :4].tolist() == src.tolist()
+    bt.append(0, [9])
+    buffers.refresh(8, {**_rest(2), "seq_lens": [5, 6]})
+    assert buffers.full[BT][0, :6].tolist() == [1, 2, 3, 4, 9, 0]
+
+
+def test_bytes_count_changed_and_cleared_cells() -> None:
+    b = _buffers()
+    bt, lens = b.stage(BT), b.stage("seq_lens")
+    rest = {"query_start_loc": np.arange(0, 9, 4, dtype=np.int32)}
+    for name in ("block_table.sliding", "slot_mapping.full", "slot_mapping.sliding"):
+        b.stage(name)
+    b.refresh(8, rest, num_reqs=2)  # rows enter: a table row's used width (0), a 1-D row's value
+    assert b.stats.last_bytes == 3 * 4 + 2 * 4 + 2 * 8 * 8  # query_start_loc, seq_lens, slot mappings
+    bt.append(0, np.array([1, 2], np.int32))
+    lens.set(0, np.array([7], np.int32))
+    b.refresh(8, rest, num_reqs=2)
+    assert b.stats.last_bytes == 3 * 4 + 2 * 4 + 4
+    bt.append(1, np.array([3], np.int32))
+    b.refresh(4, {"query_start_loc": np.array([0, 4], np.int32)}, num_reqs=1)  # row 1 leaves
+    # query_start_loc: 2 live + 1 cleared; block table: row 1's 2 columns (the column mark) cleared, its
+    # staged cell not written; seq_lens: row 1 cleared; slot mappings: 4 token rows each cleared.
+    assert b.stats.last_bytes == 3 * 4 + 2 * 4 + 4 + 2 * 4 * 8
+
+
+def test_a_staged_commit_is_one_scatter_per_element_size_not_per_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    b = _buffers(2)
+    calls = []
+    real = torch.Tensor.__setitem__
+
+    def spy(self, key, value):  # the scatter: one indexed write per element size
+        if isinstance(key, torch.Tensor):
+            calls.append((str(self.dtype), key.numel()))
+        return real(self, key, value)
+
+    monkeypatch.setattr(torch.Tensor, "__setitem__", spy)
+    b.stage(BT).set_row(0, np.array([1, 2, 3], np.int32))
+    b.stage("block_table.sliding").set_row(0, np.array([4], np.int32))
+    b.stage("seq_lens").set(0, np.array([5], np.int32))
+    b.stage("slot_mapping.full").set(0, np.arange(4, dtype=np.int64))
+    b.refresh(4, {"query_start_loc": np.array([0, 4], np.int32), "slot_mapping.sliding": np.arange(4)})
+    assert sorted(calls) == [("torch.int32", 5), ("torch.int64", 4)]  # 3 buffers, 2 scatters
+    assert b.full[BT][0, :4].tolist() == [1, 2, 3, 0]
+    assert b.full["slot_mapping.full"][:5].tolist() == [0, 1, 2, 3, -1]

@@ -1,0 +1,153 @@
+"""``graphbuf drill`` draws through ``graphbuf.testing`` and shrinks: a planted bug (a task reading one row
+past the live batch) is found and shrunk to at most 2 requests, saved as JSON, replayed from the printed
+command; ``--seed`` reproduces a run; the padding contract tells a pad the tasks need from one they don't."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from planted_tasks import PLANTED_SPEC
+
+from graphbuf.cli import main
+from graphbuf.drill.padding_contract import run_padding_contract
+from graphbuf.drill.session import load_batch, run_drill
+
+ALLOW = ("planted_tasks",)
+
+
+def planted(tmp_path: Path, factory: str) -> Path:
+    doc: dict[str, Any] = copy.deepcopy(PLANTED_SPEC)
+    doc["tasks"] = [{"name": "planted", "factory": f"planted_tasks:{factory}"}]
+    path = tmp_path / "planted.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_planted_bug_is_found_and_shrunk_to_at_most_2_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec, saved = planted(tmp_path, "reads_one_past"), tmp_path / "failure.json"
+    code = main(["drill", str(spec), "--replays", "40", "--seed", "5", "--allow-factory", "planted_tasks",
+                 "--save", str(saved)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1 and "FAIL" in out
+    batch = load_batch(saved)
+    assert batch["num_reqs"] <= 2 and batch["size"] == 4  # 2 requests padded to the 4-request graph
+    assert batch["max_abs_error"] > 0 and batch["error"] is None
+    assert len(batch["sources"]["lens"]["data"]) == batch["num_reqs"]
+    assert f"smallest failing batch: {batch['num_reqs']} requests (capture size 4)" in out
+    command = next(line for line in out.splitlines() if line.startswith("replay it: "))
+    argv = shlex.split(command.removeprefix("replay it: "))
+    assert argv[:2] == ["graphbuf", "drill"] and argv[3:5] == ["--replay", str(saved)]
+
+    assert main(argv[1:]) == 1  # the printed command replays exactly that batch, and it still fails
+    replayed = capsys.readouterr().out
+    assert f"smallest failing batch: {batch['num_reqs']} requests (capture size 4)" in replayed
+    assert "replays" in replayed and "shrunk" not in replayed
+
+
+def test_replay_json_reports_the_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec, saved = planted(tmp_path, "reads_one_past"), tmp_path / "f.json"
+    assert main(["drill", str(spec), "--replays", "20", "--allow-factory", "planted_tasks", "--save",
+                 str(saved), "--json"]) == 1  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["failure"]["num_reqs"] <= 2
+    assert report["failure"]["replay_command"].endswith(f"--replay {saved} --allow-factory planted_tasks")
+    assert report["failure"]["saved"] == str(saved)
+
+
+def test_a_correct_task_passes_and_leaves_no_file(tmp_path: Path) -> None:
+    spec = planted(tmp_path, "depends_on_scale_pad")  # reads past the live rows of scale, but sums only
+    report = run_drill(str(spec), replays=20, allow_factories=ALLOW, save=tmp_path / "never.json")
+    # The raw batch has no padded rows, the replay has pad 0 there: sums agree, so the drill passes.
+    assert report.ok, report.render()
+    assert report.failure is None and not (tmp_path / "never.json").exists()
+
+
+def test_seed_makes_runs_reproducible(tmp_path: Path) -> None:
+    spec = planted(tmp_path, "reads_one_past")
+    runs = [run_drill(str(spec), replays=25, seed=s, allow_factories=ALLOW, save=tmp_path / f"{i}.json")
+            for i, s in enumerate((3, 3))]  # fmt: skip
+    assert (tmp_path / "0.json").read_text() == (tmp_path / "1.json").read_text()
+    assert 0 < runs[0].shrink_replays <= 50  # shrinking is bounded by max(--replays, 50)
+    a, b = (r.as_dict() for r in runs)
+    for r in (a, b):
+        r.pop("seconds")
+        r.pop("runner")
+        r.pop("phases")  # seconds
+        r["failure"].pop("saved")
+        for row in r["sizes"]:
+            row.pop("refresh_us_median")
+    assert a == b
+
+
+def test_replay_of_a_file_that_is_not_a_batch_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec, bogus = planted(tmp_path, "reads_one_past"), tmp_path / "bogus.json"
+    bogus.write_text('{"format": "something else"}')
+    assert main(["drill", str(spec), "--replay", str(bogus), "--allow-factory", "planted_tasks"]) == 2
+    assert "not a saved drill batch" in capsys.readouterr().err
+    bogus.write_text('{"format": "graphbuf-drill-batch/1", "spec": "other", "seed": 0, "overrides": {}, '
+                     '"device": "cpu", "sources": {}}')  # fmt: skip
+    assert main(["drill", str(spec), "--replay", str(bogus), "--allow-factory", "planted_tasks"]) == 2
+    assert "saved from spec 'other', not 'planted'" in capsys.readouterr().err
+    bogus.write_text('{"format": "graphbuf-drill-batch/1", "spec": "planted", "seed": 0, "overrides": {}, '
+                     '"device": "cpu", "sources": {"lens": {"dtype": "int32"}}}')  # fmt: skip
+    assert main(["drill", str(spec), "--replay", str(bogus), "--allow-factory", "planted_tasks"]) == 2
+    assert "malformed saved drill batch" in capsys.readouterr().err
+
+
+def test_save_into_a_missing_directory_is_refused_before_any_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failing drill would otherwise run to the end and then lose its shrunk batch to an OSError."""
+    spec, target = planted(tmp_path, "reads_one_past"), tmp_path / "missing" / "failure.json"
+    argv = ["drill", str(spec), "--replays", "40", "--allow-factory", "planted_tasks", "--save", str(target)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--save {target}: no such directory" in err
+    assert "replays" not in err and not target.parent.exists()
+
+
+def test_padding_contract_tells_a_required_pad_from_a_free_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = planted(tmp_path, "depends_on_scale_pad")
+    contract = run_padding_contract(str(spec), allow_factories=ALLOW)
+    assert contract.mode == "replay" and contract.size == 4  # junk replayed through the captured graph
+    verdicts = {v.buffer: v for v in contract.verdicts}
+    assert verdicts["scale"].verdict == "required" and verdicts["scale"].trials > 0
+    assert "live outputs changed" in verdicts["scale"].reason
+    assert verdicts["lens"].verdict == "free" and verdicts["table"].verdict == "free"  # rows and columns
+    assert main(["drill", str(spec), "--padding-contract", "--allow-factory", "planted_tasks"]) == 0
+    table = capsys.readouterr().out
+    assert any(line.split()[:3] == ["scale", "0", "required"] for line in table.splitlines())
+    assert any(line.split()[:3] == ["lens", "7", "free"] for line in table.splitlines())
+    assert main(["drill", str(spec), "--padding-contract", "--json", "--allow-factory", "planted_tasks"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["required"] == ["scale"] and doc["free"] == ["lens", "table"]
+    assert {b["buffer"]: b["verdict"] for b in doc["buffers"]} == {
+        "lens": "free", "scale": "required", "table": "free"
+    }
+
+
+def test_padding_contract_counts_a_fault_as_required(tmp_path: Path) -> None:
+    spec = planted(tmp_path, "faults_on_junk_table")
+    contract = run_padding_contract(str(spec), allow_factories=ALLOW)
+    assert contract.mode.startswith("eager on the captured views (capture failed")  # it reads on the host
+    verdicts = {v.buffer: v for v in contract.verdicts}
+    assert verdicts["table"].verdict == "required" and "raised RuntimeError" in verdicts["table"].reason
+    assert verdicts["lens"].verdict == "free"
+
+
+def test_padding_contract_finds_the_read_past_the_batch(tmp_path: Path) -> None:
+    spec = planted(tmp_path, "reads_one_past")  # its last live request reads the first padded row of lens
+    verdicts = {v.buffer: v.verdict for v in run_padding_contract(str(spec), allow_factories=ALLOW).verdicts}
+    assert verdicts == {"lens": "required", "scale": "free", "table": "free"}

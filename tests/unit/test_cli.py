@@ -1,0 +1,268 @@
+"""The ``graphbuf`` command (plan, check, schema), in-process; plus one run each of ``python -m graphbuf`` and
+the console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import graphbuf
+from graphbuf import GraphSpec
+from graphbuf.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+GEMMA = "gemma4-31b-it-mtp"
+Mapping = dict[str, Any]
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _usage_exit(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int | str | None, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    return info.value.code, capsys.readouterr().err
+
+
+def test_plan_text_mentions_every_buffer(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "plan", GEMMA)
+    assert (code, err) == (0, "")
+    assert out.startswith(
+        f"{GEMMA}: 6 buffers, 8192 bytes (8.0 KiB) in one slab (limit 1.0 GiB); 16 capture sizes"
+    )
+    for name in graphbuf.plan(GEMMA).names:
+        assert name in out
+    assert "max num_blocks - 1 (unset)" in out
+    assert "verify_kv_dense" in out
+
+
+def test_plan_json_has_totals_and_rows_per_size(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "plan", GEMMA, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["total_bytes"] == 8192 and data["max_bytes"] == 1 << 30
+    assert data["capture_sizes"] == list(range(4, 65, 4))
+    assert len(data["buffers"]) == 6
+    assert data["sizes"]["64"]["requests"] == 16
+    assert data["sizes"]["64"]["rows"]["query_start_loc"] == 17
+    assert data["sizes"]["8"]["rows"]["slot_mapping.full"] == 8
+    assert data["constants"]["num_blocks"] is None
+    assert data == json.loads(json.dumps(graphbuf.plan(GEMMA).to_dict()))
+
+
+def test_set_overrides_flow_through(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(
+        capsys, "plan", GEMMA, "--json", "--set", "num_blocks=100", "--set", "max_model_len=1024"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["constants"]["num_blocks"] == 100
+    assert data["constants"]["max_blocks_per_seq"] == 8
+    bt = next(b for b in data["buffers"] if b["name"] == "block_table.full")
+    assert (bt["shape"], bt["max"]) == ([16, 8], 99)
+    code, out, _ = _run(capsys, "plan", GEMMA, "--set", " num_blocks = 100 ")
+    assert code == 0 and "min 0, max 99" in out
+
+
+@pytest.mark.parametrize(
+    ("pair", "fragment"),
+    [
+        ("num_blocks", "--set 'num_blocks': expected NAME=VALUE with an integer VALUE"),
+        ("=5", "--set '=5': expected NAME=VALUE"),
+        ("num_blocks=many", "--set 'num_blocks=many': 'many' is not an integer"),
+        ("num_blocks=1.5", "'1.5' is not an integer"),
+        ("bogus=3", "overrides.bogus: unknown constant"),
+        ("max_num_seqs=2", "capture.sizes: size 12 implies 3 requests, above max_num_seqs (2)"),
+    ],
+)
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_bad_set_exits_2(capsys: pytest.CaptureFixture[str], command: str, pair: str, fragment: str) -> None:
+    code, out, err = _run(capsys, command, GEMMA, "--set", pair)
+    assert code == 2
+    assert out == ""
+    assert err.startswith("graphbuf: spec error:\n")
+    assert fragment in err
+
+
+def test_check_prints_a_one_line_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "check", GEMMA, "--set", "num_blocks=64")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"{GEMMA}: ok: {GEMMA}, 6 buffers, 8192 bytes, capture sizes 4..64 (16)",
+        "coverage: 16/16 batch sizes of 1..16 requests replay a graph (max padding waste 0.0%)",
+    ]
+
+
+def test_check_on_a_file(
+    capsys: pytest.CaptureFixture[str], spec_mapping: Callable[[], Mapping], write_yaml: Callable[..., Path]
+) -> None:
+    path = write_yaml(spec_mapping())
+    code, out, _ = _run(capsys, "check", str(path))
+    assert code == 0
+    assert out == (
+        f"{path}: ok: small, 6 buffers, 3072 bytes, capture sizes 2..8 (3)\n"
+        "coverage: no serving envelope declared (capture.max_requests); the capture sizes hold uniform "
+        "batches of 1..4 requests\n"
+    )
+
+
+def test_check_bad_spec_exits_2_with_every_error_on_stderr(
+    capsys: pytest.CaptureFixture[str], spec_mapping: Callable[[], Mapping], write_yaml: Callable[..., Path]
+) -> None:
+    d = spec_mapping()
+    d["capture"]["sizes"] = [2, 3]
+    d["buffers"]["seq_lens"]["dtype"] = "int4"
+    d["buffers"]["block_table"]["pad"] = -1.5
+    path = write_yaml(d)
+    code, out, err = _run(capsys, "check", str(path))
+    assert code == 2 and out == ""
+    assert err.startswith("graphbuf: spec error:\n")
+    assert f"{path}: buffers.seq_lens.dtype:" in err
+    d["buffers"]["seq_lens"]["dtype"] = "int32"
+    path = write_yaml(d)
+    code, out, err = _run(capsys, "check", str(path))
+    assert code == 2 and out == ""
+    assert f"{path}: capture.sizes[1]: size 3 is not a multiple of tokens_per_request (2)" in err
+    assert f"{path}: buffers.block_table.pad: -1.5 is not representable in int32" in err
+
+
+def test_plan_too_large_exits_2(
+    capsys: pytest.CaptureFixture[str], spec_mapping: Callable[[], Mapping], write_yaml: Callable[..., Path]
+) -> None:
+    d = spec_mapping()
+    d["limits"] = {"max_bytes": 512}
+    path = write_yaml(d)
+    for command in ("plan", "check"):
+        code, out, err = _run(capsys, command, str(path))
+        assert code == 2 and out == ""
+        assert err.startswith(f"graphbuf: spec error:\n{path}: limits.max_bytes: the plan needs 3072 bytes")
+
+
+def test_bad_yaml_exits_2(capsys: pytest.CaptureFixture[str], write_yaml: Callable[..., Path]) -> None:
+    path = write_yaml("version: 1\nname: !!python/object/apply:os.getpid []\n")
+    code, _, err = _run(capsys, "plan", str(path))
+    assert code == 2
+    assert f"{path}: line 2" in err and "could not determine a constructor" in err
+
+
+def test_schema_prints_the_model_schema_and_matches_the_committed_file(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = _run(capsys, "schema")
+    assert (code, err) == (0, "")
+    printed = json.loads(out)
+    assert printed == GraphSpec.model_json_schema()
+    assert printed == json.loads((REPO / "specs" / "graphbuf.schema.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_unknown_spec_name_exits_2(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    code, out, err = _run(capsys, command, "no-such-spec")
+    assert code == 2 and out == ""
+    assert "no-such-spec: no such spec file and no shipped spec of that name; shipped: " in err
+    assert GEMMA in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["plan"],
+        ["check"],
+        ["plan", GEMMA, "--colour"],
+        ["plan", GEMMA, "--set"],
+        ["schema", "extra"],
+        ["check", GEMMA, "--colour"],
+        ["sizes", GEMMA, "--max-graphs", "many"],
+    ],
+)
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, err = _usage_exit(capsys, *argv)
+    assert code == 2
+    assert "usage: graphbuf" in err
+    assert "graphbuf: usage error: " in err
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(command in out for command in ("plan", "check", "schema"))
+
+
+def test_python_m_graphbuf_plan_exits_0() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "graphbuf", "plan", GEMMA],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{GEMMA}: 6 buffers")
+
+
+def test_console_script_plan_exits_0() -> None:
+    exe = shutil.which("graphbuf") or shutil.which("graphbuf", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("the graphbuf console script is not on PATH")
+    proc = subprocess.run(
+        [exe, "plan", GEMMA, "--json"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["name"] == GEMMA
+
+
+def test_the_readme_states_the_required_spec_fields(spec_mapping: Callable[[], dict[str, Any]]) -> None:
+    """Issue 19 §5: the spec section says `version` and `name` are required, as the model and schema do."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### The spec") :]
+    line = (
+        "- **required**: `version` (`1`), `name` (a string), `capture` (at least its `sizes`) and `buffers`"
+    )
+    assert line in section
+    assert set(GraphSpec.model_json_schema()["required"]) == {"version", "name", "capture", "buffers"}
+    for field in ("version", "name"):
+        doc = spec_mapping()
+        del doc[field]
+        with pytest.raises(graphbuf.SpecError, match=rf"<spec>: {field}: Field required"):
+            GraphSpec.model_validate(doc)
+
+
+def test_the_schema_ships_in_the_wheel_where_the_readme_says(tmp_path: Path) -> None:
+    """Issue 19 §5: a built wheel holds graphbuf/specs/graphbuf.schema.json, the path the README gives."""
+    import zipfile
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    where = "graphbuf/specs/graphbuf.schema.json"
+    assert f"`{where}`" in readme
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for folder in ("graphbuf", "adapters", "specs"):
+        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path / "dist")],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "CC": "false"},  # no kernel build
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("graphbuf-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = json.loads(zf.read(where))
+        assert "graphbuf/specs/gemma4-31b-it-mtp.yaml" in zf.namelist()
+    assert shipped == GraphSpec.model_json_schema()
