@@ -16,8 +16,8 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,6 +27,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pins import numpy_path
 
 import graphbuf
 from graphbuf import GraphSpec, StaticBuffers
@@ -54,17 +55,6 @@ needs_kernel = pytest.mark.skipif(
 
 # ----------------------------------------------------------------------------------------------------------
 # Helpers
-
-
-@contextmanager
-def numpy_path() -> Iterator[None]:
-    """Within the block, refreshes take the numpy path (``native.KERNEL`` None)."""
-    saved = native.KERNEL
-    native.KERNEL = None
-    try:
-        yield
-    finally:
-        native.KERNEL = saved
 
 
 def contents(sb: StaticBuffers) -> dict[str, bytes]:
