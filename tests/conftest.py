@@ -22,6 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 # The shipped planted-bug example (README, "A drill that shrinks") is the tests' planted_tasks module.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "planted"))
 
+#: The fake vllm-ascend fixtures (av1, fake_tree, kernels) of the adapter's patch, routing and plugin tests.
+pytest_plugins = ["vllm_plugin_harness"]
+
 register_profiles()
 settings.load_profile("ci")  # Hypothesis' plugin loads --hypothesis-profile=NAME over it
 
