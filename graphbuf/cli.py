@@ -248,7 +248,7 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
 
 def _cmd_drill(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
-    if args.model is not None:  # the whole-model drill (graphbuf/model_drill, needs the `model` extra)
+    if args.model is not None:  # the whole-model drill (graphbuf/drill/model, needs the `model` extra)
         from graphbuf.drill.model import run_model_drill_cli
 
         return run_model_drill_cli(args, overrides)
