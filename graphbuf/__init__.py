@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "AddressChangedError": "graphbuf.errors",
     "ArgumentError": "graphbuf.errors",
+    "BatchFileError": "graphbuf.errors",
     "TaskError": "graphbuf.errors",
     "CaptureError": "graphbuf.errors",
     "ConcurrentUseError": "graphbuf.errors",
@@ -29,6 +30,7 @@ _EXPORTS = {
     "RefreshError": "graphbuf.errors",
     "RowsError": "graphbuf.errors",
     "SpecError": "graphbuf.errors",
+    "UsageError": "graphbuf.errors",
     "WidthError": "graphbuf.errors",
     "GraphSpec": "graphbuf.spec.models",
     "load_spec": "graphbuf.spec.models",
@@ -56,6 +58,7 @@ __all__ = [
     "EAGER_TOO_LARGE",
     "AddressChangedError",
     "ArgumentError",
+    "BatchFileError",
     "BoundSources",
     "BufferPlan",
     "CaptureError",
@@ -80,6 +83,7 @@ __all__ = [
     "TaskError",
     "TaskKind",
     "UnknownDeviceError",
+    "UsageError",
     "WidthError",
     "load_spec",
     "plan",
@@ -105,6 +109,7 @@ if TYPE_CHECKING:
     from graphbuf.errors import (
         AddressChangedError,
         ArgumentError,
+        BatchFileError,
         CaptureError,
         ConcurrentUseError,
         DeviceUnavailableError,
@@ -116,6 +121,7 @@ if TYPE_CHECKING:
         SpecError,
         TaskError,
         UnknownDeviceError,
+        UsageError,
         WidthError,
     )
     from graphbuf.graphs.graph import Graph

@@ -57,19 +57,32 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
     "refresh.layout": (
         "graphbuf/buffers/layout.py",
-        ["tests/unit/buffers/test_refresh.py", "tests/unit/buffers/test_bound_pins.py"],
+        [
+            "tests/unit/buffers/test_layout.py",
+            "tests/unit/buffers/test_refresh.py",
+            "tests/unit/buffers/test_bound_pins.py",
+        ],
     ),
     "refresh.mapping": (
         "graphbuf/buffers/mapping.py",
-        ["tests/unit/buffers/test_refresh.py", "tests/unit/buffers/test_bound_pins.py"],
+        [
+            "tests/unit/buffers/test_mapping.py",
+            "tests/unit/buffers/test_refresh.py",
+            "tests/unit/buffers/test_bound_pins.py",
+        ],
     ),
     "refresh.eager": (
         "graphbuf/buffers/eager.py",
-        ["tests/unit/buffers/test_refresh.py", "tests/unit/buffers/test_bound_pins.py"],
+        [
+            "tests/unit/buffers/test_eager.py",
+            "tests/unit/buffers/test_refresh.py",
+            "tests/unit/buffers/test_bound_pins.py",
+        ],
     ),
     "graphs.watch": (
         "graphbuf/graphs/watch.py",
         [
+            "tests/unit/graphs/test_watch.py",
             "tests/unit/graphs/test_graph_fidelity.py",
             "tests/unit/graphs/test_runner.py",
             "tests/unit/graphs/test_runner_pins.py",

@@ -341,3 +341,81 @@ def test_production_code_never_imports_tests() -> None:
                     name,
                     m,
                 )
+
+
+
+#: Modules whose tests live in a file not named for them (issue 19 §4): the file, the name it must use, why.
+TESTED_IN: dict[str, tuple[str, str, str]] = {
+    "graphbuf/__main__.py": ("tests/unit/test_cli.py", "python -m graphbuf", "it is `cli.main`"),
+    "graphbuf/testing_steps.py": (
+        "tests/unit/buffers/test_staged_state_machine.py",
+        "from graphbuf.testing import DecodeBatch, next_step, stage_writes",
+        "`graphbuf.testing`'s step sequences; the staged state machine draws and checks them",
+    ),
+    "adapters/vllm_ascend/kernels.py": (
+        "tests/unit/adapters/test_large_head.py",
+        "from graphbuf.adapters.vllm_ascend import kernels",
+        "the kernels the large-head attention calls, tested through it and alone",
+    ),
+    "adapters/vllm_ascend/resolve.py": (
+        "tests/unit/adapters/test_routing.py",
+        "import graphbuf.adapters.vllm_ascend.resolve as resolve",
+        "what a routed call resolves, tested with the routing",
+    ),
+    "adapters/vllm_ascend/strategies.py": (
+        "tests/unit/test_testing.py",
+        "from graphbuf.adapters.vllm_ascend.strategies import vllm_decode_batch",
+        "a `graphbuf.testing` strategy, tested with the others",
+    ),
+    "adapters/vllm_ascend/upstream.py": (
+        "tests/unit/adapters/test_plugin.py",
+        "upstream.py",
+        "the upstream surface the plugin checks at activation",
+    ),
+}
+TEST_ROOTS = {
+    REPO / "graphbuf": REPO / "tests" / "unit",
+    REPO / "adapters" / "vllm_ascend": REPO / "tests" / "unit" / "adapters",
+}
+
+
+def _test_file(root: Path, tests: Path, f: Path) -> Path | None:
+    """The test file named for module ``f``: ``test_<module>.py`` (or ``test_<module>_*.py``) in the mirrored
+    folder, or ``test_<package>.py`` one folder up for a subpackage tested as a whole."""
+    rel = f.relative_to(root)
+    here = tests / rel.parent
+    found = sorted([*here.glob(f"test_{rel.stem}.py"), *here.glob(f"test_{rel.stem}_*.py")])
+    if not found and rel.parent != Path("."):
+        found = sorted((tests / rel.parent.parent).glob(f"test_{rel.parent.name}.py"))
+    return found[0] if found else None
+
+
+def test_every_module_has_a_test_file_named_for_it() -> None:
+    missing = []
+    for root, tests in TEST_ROOTS.items():
+        for f in sorted(root.rglob("*.py")):
+            key = str(f.relative_to(REPO))
+            if f.name != "__init__.py" and key not in TESTED_IN and _test_file(root, tests, f) is None:
+                missing.append(key)
+    assert not missing, f"modules without tests/unit/<package>/test_<module>.py: {missing}"
+
+
+def test_the_mirror_rule_finds_module_package_and_missing_tests(tmp_path: Path) -> None:
+    root, tests = tmp_path / "pkg", tmp_path / "tests"
+    for f in ("pkg/a.py", "pkg/b.py", "pkg/sub/c.py", "pkg/other/d.py", "tests/test_a_pins.py",
+              "tests/test_sub.py", "tests/other/test_x.py"):  # fmt: skip
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    assert _test_file(root, tests, root / "a.py") == tests / "test_a_pins.py"
+    assert _test_file(root, tests, root / "b.py") is None
+    assert _test_file(root, tests, root / "sub" / "c.py") == tests / "test_sub.py"
+    assert _test_file(root, tests, root / "other" / "d.py") is None
+
+
+def test_each_module_tested_elsewhere_is_used_by_that_file_and_has_no_own_file() -> None:
+    for module, (test, uses, why) in TESTED_IN.items():
+        assert (REPO / module).is_file(), f"{module} is gone; drop it from TESTED_IN"
+        assert why and uses in (REPO / test).read_text(encoding="utf-8"), (module, test, uses)
+        root = next(r for r in TEST_ROOTS if (REPO / module).is_relative_to(r))
+        own = _test_file(root, TEST_ROOTS[root], REPO / module)
+        assert own is None, f"{module} has its own test file {own}; drop it from TESTED_IN"

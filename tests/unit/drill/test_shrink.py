@@ -1,32 +1,18 @@
 """``graphbuf drill`` draws through ``graphbuf.testing`` and shrinks: a planted bug (a task reading one row
 past the live batch) is found and shrunk to at most 2 requests, saved as JSON, replayed from the printed
-command; ``--seed`` reproduces a run; the padding contract tells a pad the tasks need from one they don't."""
+command; ``--seed`` reproduces a run (the padding contract's tests: ``test_padding_contract.py``)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import shlex
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from planted_tasks import PLANTED_SPEC
+from planted_files import ALLOW, planted
 
 from graphbuf.cli import main
-from graphbuf.drill.padding_contract import run_padding_contract
 from graphbuf.drill.session import load_batch, run_drill
-
-ALLOW = ("planted_tasks",)
-
-
-def planted(tmp_path: Path, factory: str) -> Path:
-    doc: dict[str, Any] = copy.deepcopy(PLANTED_SPEC)
-    doc["tasks"] = [{"name": "planted", "factory": f"planted_tasks:{factory}"}]
-    path = tmp_path / "planted.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 def test_planted_bug_is_found_and_shrunk_to_at_most_2_requests(
@@ -114,40 +100,3 @@ def test_save_into_a_missing_directory_is_refused_before_any_replay(
     err = capsys.readouterr().err
     assert f"--save {target}: no such directory" in err
     assert "replays" not in err and not target.parent.exists()
-
-
-def test_padding_contract_tells_a_required_pad_from_a_free_one(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    spec = planted(tmp_path, "depends_on_scale_pad")
-    contract = run_padding_contract(str(spec), allow_factories=ALLOW)
-    assert contract.mode == "replay" and contract.size == 4  # junk replayed through the captured graph
-    verdicts = {v.buffer: v for v in contract.verdicts}
-    assert verdicts["scale"].verdict == "required" and verdicts["scale"].trials > 0
-    assert "live outputs changed" in verdicts["scale"].reason
-    assert verdicts["lens"].verdict == "free" and verdicts["table"].verdict == "free"  # rows and columns
-    assert main(["drill", str(spec), "--padding-contract", "--allow-factory", "planted_tasks"]) == 0
-    table = capsys.readouterr().out
-    assert any(line.split()[:3] == ["scale", "0", "required"] for line in table.splitlines())
-    assert any(line.split()[:3] == ["lens", "7", "free"] for line in table.splitlines())
-    assert main(["drill", str(spec), "--padding-contract", "--json", "--allow-factory", "planted_tasks"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["required"] == ["scale"] and doc["free"] == ["lens", "table"]
-    assert {b["buffer"]: b["verdict"] for b in doc["buffers"]} == {
-        "lens": "free", "scale": "required", "table": "free"
-    }
-
-
-def test_padding_contract_counts_a_fault_as_required(tmp_path: Path) -> None:
-    spec = planted(tmp_path, "faults_on_junk_table")
-    contract = run_padding_contract(str(spec), allow_factories=ALLOW)
-    assert contract.mode.startswith("eager on the captured views (capture failed")  # it reads on the host
-    verdicts = {v.buffer: v for v in contract.verdicts}
-    assert verdicts["table"].verdict == "required" and "raised RuntimeError" in verdicts["table"].reason
-    assert verdicts["lens"].verdict == "free"
-
-
-def test_padding_contract_finds_the_read_past_the_batch(tmp_path: Path) -> None:
-    spec = planted(tmp_path, "reads_one_past")  # its last live request reads the first padded row of lens
-    verdicts = {v.buffer: v.verdict for v in run_padding_contract(str(spec), allow_factories=ALLOW).verdicts}
-    assert verdicts == {"lens": "required", "scale": "free", "table": "free"}

@@ -1,5 +1,5 @@
-"""Pins for ``graphbuf/graphs/watch.py`` and ``graphbuf/graphs/runner.py`` (issue 24 §1), on the cpu emulator:
-each test fails on the mutant its docstring names (line numbers of main b2b8a44)."""
+"""Pins for ``graphbuf/graphs/runner.py`` (issue 24 §1; the watch's are in ``test_watch.py``), on the cpu
+emulator: each test fails on the mutant its docstring names (line numbers of main b2b8a44)."""
 
 from __future__ import annotations
 
@@ -274,44 +274,3 @@ def test_first_use_verification_runs_the_step_with_the_live_request_count() -> N
     runner.run(_batch([4, 5, 6]))
     assert requests == [3] and runner.stats.refused == {}
 
-
-def test_watch_check_returns_the_checked_tensors_tagged_with_their_watch() -> None:
-    """``Watch.check``: the default ``where`` is ``replay`` (``check__mutmut_2``), the result carries its
-    watch so a replay can skip a second check (``check__mutmut_5``)."""
-    from graphbuf.graphs.watch import Watch
-
-    a, b = torch.zeros(2), torch.ones(3)
-    w = Watch([("a", a), ("b", b), ("a again", a)])
-    checked = w.check()
-    assert checked.watch is w and list(checked) == [a, b, a] and len(w) == 3
-    b.resize_(4)
-    with pytest.raises(AddressChangedError, match=r"^replay: b moved"):
-        w.check()
-
-
-def test_watch_errors_say_what_happened_and_what_to_do() -> None:
-    """The full texts of the freed and moved errors (``_error__mutmut_13``/``_25``/``_26``/``_28``)."""
-    from graphbuf.graphs.watch import Watch
-
-    a = torch.zeros(2)
-    ptr = a.data_ptr()
-    w = Watch([("a", a)])
-    a.set_(torch.zeros(2, 2))
-    with pytest.raises(AddressChangedError) as moved:
-        w.check("before replay")
-    assert str(moved.value) == (
-        f"before replay: a moved: captured at {ptr:#x} shape [2] stride [1], now {a.data_ptr():#x} "
-        "shape [2, 2] stride [2, 1]; the graph still uses the captured address. It was rebound (set_ or a "
-        "new tensor), resized or restrided instead of written in place; copy into it (t.copy_(new)) or "
-        "capture again."
-    )
-    c = torch.zeros(3)
-    ptr = c.data_ptr()
-    w = Watch([("c", c)])
-    del c
-    with pytest.raises(LivenessError) as freed:
-        w.check()
-    assert str(freed.value) == (
-        f"replay: c (captured at {ptr:#x}, shape [3]) was freed after capture; the graph would read or write "
-        "released memory. Keep every tensor a graph uses alive as long as the graph, or capture again."
-    )
