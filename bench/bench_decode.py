@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import SPEC, render_table, timed_ms, write_json
 
-from graphbuf.adapters.vllm_ascend.large_head import decode_attention
+from graphbuf.adapters.vllm_ascend.bindings.large_head import decode_attention
 from graphbuf.planning.planner import plan
 
 __all__ = ["main", "run"]

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import SPEC, render_table, timed_ms, write_json
 
-from graphbuf.adapters.vllm_ascend.large_head import (
+from graphbuf.adapters.vllm_ascend.bindings.large_head import (
     DEFAULT_CHUNK_BLOCKS,
     verify_attention,
     verify_attention_blockwise,

@@ -108,7 +108,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "graphbuf/planning/planner.py",
         [
             "tests/unit/planning/test_planner.py",
-            "tests/unit/adapters/test_costs.py",
+            "tests/unit/adapters/spec/test_costs.py",
             "tests/unit/planning/test_planner_pins.py",
         ],
     ),

@@ -2,7 +2,6 @@
 tests (tests/unit/adapters/test_{patch,routing,plugin}.py): the real vllm-ascend cannot be imported on a
 CPU machine, so ``fake_vllm_ascend/`` beside this file mirrors its names and signatures (0.23 - 0.26)."""
 
-
 from __future__ import annotations
 
 import enum
@@ -18,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-import graphbuf.adapters.vllm_ascend.patch as patch
-import graphbuf.adapters.vllm_ascend.plugin as plugin
-import graphbuf.adapters.vllm_ascend.routed_decode as routed_decode
+import graphbuf.adapters.vllm_ascend.bindings.routed_decode as routed_decode
+import graphbuf.adapters.vllm_ascend.glue.patch as patch
+import graphbuf.adapters.vllm_ascend.glue.plugin as plugin
 
 FAKE_ROOT = Path(__file__).resolve().parent / "fake_vllm_ascend"
 FAKE_VLLM_MODULES = {
@@ -30,7 +29,7 @@ FAKE_VLLM_MODULES = {
 }
 """The vLLM modules of the upstream surface, faked (the real vLLM 0.32 here lacks its import chain)."""
 ADAPTER_DIR = Path(plugin.__file__).resolve().parent
-LARGE_HEAD_MODULE = f"{plugin.__package__}.large_head"
+LARGE_HEAD_MODULE = f"{routed_decode.__package__}.large_head"
 NUM_HEADS, NUM_KV_HEADS, BLOCK_SIZE, NUM_BLOCKS, WIDTH = 2, 1, 4, 6, 3
 MAX_MODEL_LEN = WIDTH * BLOCK_SIZE  # so graphbuf's block table is WIDTH columns wide, like the runner's
 MAX_NUM_SEQS = 16
@@ -121,7 +120,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     module.verify_attention = verify_attention  # type: ignore[attr-defined]
     module.verify_attention_blockwise = verify_attention_blockwise  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, LARGE_HEAD_MODULE, module)
-    monkeypatch.setattr(sys.modules[plugin.__package__], "large_head", module, raising=False)
+    monkeypatch.setattr(sys.modules[routed_decode.__package__], "large_head", module, raising=False)
     # The routed paged decode tasks call large_head through their own module.
     monkeypatch.setattr(routed_decode, "large_head", module)
     return SimpleNamespace(calls=calls, module=module)

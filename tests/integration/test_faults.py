@@ -343,7 +343,7 @@ before = None
 if import_first:
     import vllm_ascend.attention.attention_v1 as av1
     before = {f"{c}.{m}": getattr(av1, c).__dict__[m] for c, m in TARGETS}
-from graphbuf.adapters.vllm_ascend import patch, plugin
+from graphbuf.adapters.vllm_ascend.glue import patch, plugin
 plugin._probe_npu = lambda: (True, "an NPU, faked by the test")
 plugin.register()
 plugin.register()

@@ -352,23 +352,23 @@ TESTED_IN: dict[str, tuple[str, str, str]] = {
         "from graphbuf.testing import DecodeBatch, next_step, stage_writes",
         "`graphbuf.testing`'s step sequences; the staged state machine draws and checks them",
     ),
-    "adapters/vllm_ascend/kernels.py": (
-        "tests/unit/adapters/test_large_head.py",
-        "from graphbuf.adapters.vllm_ascend import kernels",
+    "adapters/vllm_ascend/kernels/attention.py": (
+        "tests/unit/adapters/bindings/test_large_head.py",
+        "from graphbuf.adapters.vllm_ascend.kernels import attention as kernels",
         "the kernels the large-head attention calls, tested through it and alone",
     ),
-    "adapters/vllm_ascend/resolve.py": (
-        "tests/unit/adapters/test_routing.py",
-        "import graphbuf.adapters.vllm_ascend.resolve as resolve",
+    "adapters/vllm_ascend/glue/resolve.py": (
+        "tests/unit/adapters/glue/test_routing.py",
+        "import graphbuf.adapters.vllm_ascend.glue.resolve as resolve",
         "what a routed call resolves, tested with the routing",
     ),
-    "adapters/vllm_ascend/strategies.py": (
+    "adapters/vllm_ascend/spec/strategies.py": (
         "tests/unit/test_testing.py",
-        "from graphbuf.adapters.vllm_ascend.strategies import vllm_decode_batch",
+        "from graphbuf.adapters.vllm_ascend.spec.strategies import vllm_decode_batch",
         "a `graphbuf.testing` strategy, tested with the others",
     ),
-    "adapters/vllm_ascend/upstream.py": (
-        "tests/unit/adapters/test_plugin.py",
+    "adapters/vllm_ascend/glue/upstream.py": (
+        "tests/unit/adapters/glue/test_plugin.py",
         "upstream.py",
         "the upstream surface the plugin checks at activation",
     ),
@@ -419,3 +419,29 @@ def test_each_module_tested_elsewhere_is_used_by_that_file_and_has_no_own_file()
         root = next(r for r in TEST_ROOTS if (REPO / module).is_relative_to(r))
         own = _test_file(root, TEST_ROOTS[root], REPO / module)
         assert own is None, f"{module} has its own test file {own}; drop it from TESTED_IN"
+
+
+ADAPTER_ROLES = {"glue", "bindings", "kernels", "spec"}
+#: Roles a role may import (issue 23 §5): metadata and kernels depend on no glue or binding.
+ROLE_IMPORTS = {
+    "glue": {"glue", "bindings", "spec"},
+    "bindings": {"bindings", "kernels", "spec", "glue"},
+    "kernels": {"kernels"},
+    "spec": {"spec"},
+}
+
+
+def test_the_adapter_s_modules_sit_in_role_folders_that_import_only_what_their_role_may() -> None:
+    prefix = "graphbuf.adapters.vllm_ascend"
+    for name, path in MODULES.items():
+        if not name.startswith(prefix + "."):
+            continue
+        role = name[len(prefix) + 1 :].split(".")[0]
+        assert role in ADAPTER_ROLES, f"{path}: outside the role folders {sorted(ADAPTER_ROLES)}"
+        if path.name == "__init__.py":
+            assert not IMPORTS[name], f"{path}: a role package imports nothing"
+            continue
+        for target, _kind in IMPORTS[name]:
+            if target.startswith(prefix + "."):
+                other = target[len(prefix) + 1 :].split(".")[0]
+                assert other in ROLE_IMPORTS[role], f"{name} ({role}) imports {target} ({other})"

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 import graphbuf
-from graphbuf.adapters.vllm_ascend.strategies import vllm_decode_batch
+from graphbuf.adapters.vllm_ascend.spec.strategies import vllm_decode_batch
 from graphbuf.spec.factories import declare_options, registered_factories, task_strategy
 from graphbuf.testing import (
     PROFILES,
@@ -151,9 +151,9 @@ def test_the_adapters_relation_holds_on_the_shipped_spec(batch: Batch) -> None:
 
 def test_relations_come_through_the_factory_registry() -> None:
     registry = registered_factories()
-    for factory in ("graphbuf.adapters.vllm_ascend.binding:decode_task",
-                    "graphbuf.adapters.vllm_ascend.binding:verify_task"):  # fmt: skip
-        assert registry[factory].strategy == "graphbuf.adapters.vllm_ascend.strategies:vllm_decode_batch"
+    for factory in ("graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task",
+                    "graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task"):  # fmt: skip
+        assert registry[factory].strategy == "graphbuf.adapters.vllm_ascend.spec.strategies:vllm_decode_batch"
         assert task_strategy(factory) is vllm_decode_batch
     assert task_relations(SHIPPED.plan.spec) == (vllm_decode_batch,)  # decode and verify share it: once
     assert task_strategy("graphbuf.drill.session:PagedDecodeAttention") is paged_kv

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from graphbuf.adapters.vllm_ascend import large_head
+from graphbuf.adapters.vllm_ascend.bindings import large_head
 from graphbuf.graphs.runner import Step
 
 __all__ = ["ATTENTION_NAME", "FAULTS", "PagedGemma4", "windowed_paged_attention"]

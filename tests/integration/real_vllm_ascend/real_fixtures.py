@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-import graphbuf.adapters.vllm_ascend.patch as patch
+import graphbuf.adapters.vllm_ascend.glue.patch as patch
 
 av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
 

@@ -17,7 +17,7 @@ from real_fixtures import (
     vllm_capture_sizes,
 )
 
-import graphbuf.adapters.vllm_ascend.patch as patch
+import graphbuf.adapters.vllm_ascend.glue.patch as patch
 
 Q_LEN = 4  # 1 + num_speculative_tokens (MTP 3)
 WIDTH = -(-5500 // KERNEL_BLOCK)  # the runner's table width in kernel blocks (43)

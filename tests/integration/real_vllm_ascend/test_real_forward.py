@@ -35,8 +35,8 @@ from vllm.config import set_current_vllm_config
 from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import set_forward_context
 
-import graphbuf.adapters.vllm_ascend.patch as patch
-from graphbuf.adapters.vllm_ascend import upstream
+import graphbuf.adapters.vllm_ascend.glue.patch as patch
+from graphbuf.adapters.vllm_ascend.glue import upstream
 
 av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
 acl_graph = importlib.import_module("vllm_ascend.compilation.acl_graph")
@@ -62,9 +62,7 @@ def make_impl(
         )  # fmt: skip
 
 
-def make_cache(
-    gen: torch.Generator, kv_heads: int = FULL_KV_HEADS, head: int = FULL_HEAD
-) -> tuple[Any, Any]:
+def make_cache(gen: torch.Generator, kv_heads: int = FULL_KV_HEADS, head: int = FULL_HEAD) -> tuple[Any, Any]:
     shape = (NUM_BLOCKS, KERNEL_BLOCK, kv_heads, head)
     return tuple(torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(2))  # type: ignore[return-value]
 

@@ -51,8 +51,8 @@ from vllm.config import set_current_vllm_config
 from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import get_forward_context, set_forward_context
 
-import graphbuf.adapters.vllm_ascend.patch as patch
-from graphbuf.adapters.vllm_ascend import routing, upstream
+import graphbuf.adapters.vllm_ascend.glue.patch as patch
+from graphbuf.adapters.vllm_ascend.glue import routing, upstream
 
 av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
 utils = importlib.import_module("vllm_ascend.attention.utils")

@@ -44,8 +44,9 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import get_forward_context, set_forward_context
 
 import graphbuf
-import graphbuf.adapters.vllm_ascend.patch as patch
-from graphbuf.adapters.vllm_ascend import large_head, resolve
+import graphbuf.adapters.vllm_ascend.glue.patch as patch
+from graphbuf.adapters.vllm_ascend.bindings import large_head
+from graphbuf.adapters.vllm_ascend.glue import resolve
 
 av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
 acl_graph = importlib.import_module("vllm_ascend.compilation.acl_graph")

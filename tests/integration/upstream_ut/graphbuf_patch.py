@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-import graphbuf.adapters.vllm_ascend.patch as patch
+import graphbuf.adapters.vllm_ascend.glue.patch as patch
 
 STATE = patch.install()
 

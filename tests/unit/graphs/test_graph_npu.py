@@ -59,7 +59,7 @@ def _distinct_lengths(batch: int, seed: int) -> list[int]:
 def _capture_paged_decode(g: Graph, static, lengths: list[int]):
     """One task of exactly one FIA .out over ``static`` (block table already sanitized), its buffers
     allocated in the capture before the group."""
-    from graphbuf.adapters.vllm_ascend import kernels
+    from graphbuf.adapters.vllm_ascend.kernels import attention as kernels
 
     query, kc, vc, table, _ = static
     q = query.unsqueeze(2)
@@ -73,7 +73,7 @@ def _capture_paged_decode(g: Graph, static, lengths: list[int]):
 
 
 def _sanitized_case(lengths: list[int], seed: int, device: str = "npu"):
-    from graphbuf.adapters.vllm_ascend import large_head as lh
+    from graphbuf.adapters.vllm_ascend.bindings import large_head as lh
 
     static = make_case(lengths, 1, torch.bfloat16, seed, device)
     static[3] = lh.sanitize_block_table(static[3], static[4], BLOCKS, BLOCK)
@@ -110,7 +110,7 @@ def test_task_replays_baked_lengths_until_updated_and_the_output_moves() -> None
 
 @needs_npu
 def test_update_replay_loop_without_host_sync_matches_eager_every_step() -> None:
-    from graphbuf.adapters.vllm_ascend import kernels
+    from graphbuf.adapters.vllm_ascend.kernels import attention as kernels
 
     steps = 8
     lengths = [_distinct_lengths(4, 10 + k) for k in range(steps)]

@@ -19,9 +19,9 @@ import pytest
 import torch
 from attention_cases import BLOCK, BLOCKS, HEAD_DIM, KV_HEADS, TOL, WIDTH, make_case, sdpa_reference
 
-from graphbuf.adapters.vllm_ascend import kernels
-from graphbuf.adapters.vllm_ascend import large_head as lh
-from graphbuf.adapters.vllm_ascend.binding import LargeHeadBinding
+from graphbuf.adapters.vllm_ascend.bindings import large_head as lh
+from graphbuf.adapters.vllm_ascend.bindings.tasks import LargeHeadBinding
+from graphbuf.adapters.vllm_ascend.kernels import attention as kernels
 from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.runner import Step
 from graphbuf.graphs.tasks import TaskKind
@@ -382,7 +382,7 @@ class _Mode:
 
 
 def _fake_surface(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The rest of the upstream surface routing reads (adapters/vllm_ascend/upstream.py): the attention
+    """The rest of the upstream surface routing reads (adapters/vllm_ascend/glue/upstream.py): the attention
     module's backend and fence, and vLLM's forward context (always available here)."""
     import types
 
@@ -402,7 +402,7 @@ class _Routed:
     def __init__(self, monkeypatch, q_len: int, spec_tokens: int, rows: int = MAX_REQS) -> None:
         import types
 
-        from graphbuf.adapters.vllm_ascend import routing
+        from graphbuf.adapters.vllm_ascend.glue import routing
 
         self.routing, self.q_len, self.rows = routing, q_len, rows
         package = types.ModuleType("vllm_ascend")
@@ -430,7 +430,10 @@ class _Routed:
             head_size=HEAD_DIM, num_kv_heads=KV_HEADS, sliding_window=None, block_size=BLOCK
         )
         self.builder = types.SimpleNamespace(
-            vllm_config=config, kv_cache_spec=spec, device="cpu", decode_threshold=tpr,
+            vllm_config=config,
+            kv_cache_spec=spec,
+            device="cpu",
+            decode_threshold=tpr,
             compilation_config=config.compilation_config,
         )
         self.impls = [
@@ -671,7 +674,7 @@ def test_routed_attention_without_a_task_registry_reads_device_lengths(npu, monk
     buffers match the reference."""
     import types
 
-    from graphbuf.adapters.vllm_ascend import routing
+    from graphbuf.adapters.vllm_ascend.glue import routing
 
     package = types.ModuleType("vllm_ascend")
     context = types.ModuleType("vllm_ascend.ascend_forward_context")

@@ -1,5 +1,5 @@
 """Fake ``vllm_ascend`` for graphbuf's plugin tests, put on ``sys.path`` by
-``tests/unit/adapters/test_plugin.py``.
+``tests/unit/adapters/glue/test_plugin.py``.
 
 The real vllm-ascend cannot be imported on a CPU machine: its attention module imports ``torch_npu`` at
 module level. This tree reproduces only what graphbuf's patch touches: ``__version__``,

@@ -5,9 +5,8 @@ a FULL
 capture and eagerly, update_graph_params in both call forms). This fake stays only for what the real module
 cannot reach on a CPU machine:
 
-* the plugin's own checks in the main test process (``tests/unit/adapters/test_plugin.py``: surface misses,
-the
-  deferred import hook, unpatch) and vLLM 0.32's plugin discovery in subprocesses, where the
+* the plugin's own checks in the main test process (``tests/unit/adapters/glue/test_plugin.py``: surface
+  misses, the deferred import hook, unpatch) and vLLM 0.32's plugin discovery in subprocesses, where the
   real package must not be on ``sys.path`` (its pair is vLLM 0.23, not 0.32);
 * versions other than 0.23 (0.24 - 0.26 signatures), and the PCP/DCP builder subclasses, whose real
   modules need distributed groups;

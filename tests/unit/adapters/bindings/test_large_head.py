@@ -13,8 +13,8 @@ import random
 import pytest
 import torch
 
-from graphbuf.adapters.vllm_ascend import kernels
-from graphbuf.adapters.vllm_ascend import large_head as lh
+from graphbuf.adapters.vllm_ascend.bindings import large_head as lh
+from graphbuf.adapters.vllm_ascend.kernels import attention as kernels
 
 TOL = {"rtol": 0.015, "atol": 0.015}
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from vllm_plugin_harness import Runner, make_builder, make_impl, original_calls
 
-import graphbuf.adapters.vllm_ascend.patch as patch
-import graphbuf.adapters.vllm_ascend.upstream as upstream
+import graphbuf.adapters.vllm_ascend.glue.patch as patch
+import graphbuf.adapters.vllm_ascend.glue.upstream as upstream
 from graphbuf.errors import GraphbufError
 
 # ---------------------------------------------------------------------------- graph task updates

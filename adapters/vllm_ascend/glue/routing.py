@@ -157,10 +157,7 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     if _enum_name(_graph_mode(builder)) not in ROUTED_GRAPH_MODES:
         return None
     spec = read(builder, "kv_cache_spec", _BUILDER)
-    if (
-        read(spec, "head_size", _SPEC) != LARGE_HEAD_SIZE
-        or read(spec, "sliding_window", _SPEC) is not None
-    ):
+    if read(spec, "head_size", _SPEC) != LARGE_HEAD_SIZE or read(spec, "sliding_window", _SPEC) is not None:
         return None
     quant_config = read(read(builder, "vllm_config", _BUILDER), "quant_config", _CONFIG)
     # upstream itself reads enable_c8_quant with a default (quant configs other than ModelSlim's lack it)
@@ -173,6 +170,7 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     if block_table is None or seq_lens is None:
         return None
     from . import resolve  # lazily: importing this module stays standard-library only
+
     device = read(builder, "device", _BUILDER)
     device = block_table.device if device is None else device
     kernel_block = kernel_block_size(builder, int(spec.block_size))
@@ -245,7 +243,8 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
         return original(impl, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
     read(sys.modules[upstream.ATTENTION_MODULE], "record_attention_compute_start",
          "record_attention_compute_start")()  # fmt: skip
-    from . import large_head  # lazily: it imports torch
+    from ..bindings import large_head  # lazily: it imports torch
+
     num_tokens = int(query.shape[0])
     batch = num_tokens // route.q_len
     # Under a full graph the query holds the padded batch (route.size tokens): the views as they are, whose

@@ -9,8 +9,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from graphbuf.adapters.vllm_ascend.costs import decode_costs, verify_costs
-from graphbuf.adapters.vllm_ascend.task_options import (
+from graphbuf.adapters.vllm_ascend.spec.costs import decode_costs, verify_costs
+from graphbuf.adapters.vllm_ascend.spec.task_options import (
     DECODE_TASK,
     VERIFY_TASK,
     DecodeTaskOptions,
@@ -59,18 +59,18 @@ def test_bad_verify_options_are_refused_by_field(bad: dict[str, object], named: 
 
 
 def test_the_factories_name_binding_costs_and_strategy() -> None:
-    assert DECODE_TASK.factory == "graphbuf.adapters.vllm_ascend.binding:decode_task"
-    assert VERIFY_TASK.factory == "graphbuf.adapters.vllm_ascend.binding:verify_task"
+    assert DECODE_TASK.factory == "graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task"
+    assert VERIFY_TASK.factory == "graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task"
     assert (DECODE_TASK.options, DECODE_TASK.costs) == (DecodeTaskOptions, decode_costs)
     assert (VERIFY_TASK.options, VERIFY_TASK.costs) == (VerifyTaskOptions, verify_costs)
     assert (
         DECODE_TASK.strategy
         == VERIFY_TASK.strategy
-        == "graphbuf.adapters.vllm_ascend.strategies:vllm_decode_batch"
+        == "graphbuf.adapters.vllm_ascend.spec.strategies:vllm_decode_batch"
     )
 
 
 def test_the_options_import_without_torch() -> None:
-    code = "import sys, graphbuf.adapters.vllm_ascend.task_options; print('torch' in sys.modules)"
+    code = "import sys, graphbuf.adapters.vllm_ascend.spec.task_options; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

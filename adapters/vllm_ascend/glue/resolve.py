@@ -41,8 +41,8 @@ from graphbuf.errors import SpecError
 from graphbuf.spec.factories import resolve_options
 from graphbuf.spec.models import GraphSpec, load_spec
 
-from .routed_decode import RoutedDecodes
-from .task_options import DECODE_TASK, VERIFY_TASK, DecodeTaskOptions, VerifyTaskOptions
+from ..bindings.routed_decode import RoutedDecodes
+from ..spec.task_options import DECODE_TASK, VERIFY_TASK, DecodeTaskOptions, VerifyTaskOptions
 from .upstream import read
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import costs, kernels
+from ..kernels import attention as kernels
+from ..spec import costs
 
 __all__ = [
     "DEFAULT_CHUNK_BLOCKS",

@@ -1,7 +1,7 @@
 """vLLM general-plugin entry point that routes large-head decode attention on vllm-ascend to graphbuf.
 
 Declared in pyproject.toml under ``[project.entry-points."vllm.general_plugins"]`` as
-``graphbuf_vllm_ascend = "graphbuf.adapters.vllm_ascend.plugin:register"``.
+``graphbuf_vllm_ascend = "graphbuf.adapters.vllm_ascend.glue.plugin:register"``.
 
 Invariants:
 

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from vllm_plugin_harness import ADAPTER_DIR, FAKE_ROOT, Runner, make_builder, original_calls
 
-import graphbuf.adapters.vllm_ascend.patch as patch
-import graphbuf.adapters.vllm_ascend.plugin as plugin
-import graphbuf.adapters.vllm_ascend.routing as routing
-import graphbuf.adapters.vllm_ascend.upstream as upstream
+import graphbuf.adapters.vllm_ascend.glue.patch as patch
+import graphbuf.adapters.vllm_ascend.glue.plugin as plugin
+import graphbuf.adapters.vllm_ascend.glue.routing as routing
+import graphbuf.adapters.vllm_ascend.glue.upstream as upstream
 
 # ------------------------------------------------------------------------------ module import hygiene
 
@@ -110,8 +110,10 @@ def _unknown_update_form(m: Any) -> None:
         (_drop_update, "AscendAttentionBackendImpl.update_graph_params is missing or not a staticmethod"),
         (_drop_metadata_fields, "AscendMetadata has no field attn_state"),
         (_drop_fence, "has no function record_attention_compute_start"),
-        (_unknown_update_form,
-         "takes (update_stream, forward_context, num_tokens), which is none of the forms graphbuf knows"),
+        (
+            _unknown_update_form,
+            "takes (update_stream, forward_context, num_tokens), which is none of the forms graphbuf knows",
+        ),
     ],
     ids=["update_graph_params", "metadata-fields", "fence", "update-form"],
 )
@@ -268,7 +270,7 @@ except Exception as exc:
     raise SystemExit(0)
 vllm.plugins.load_general_plugins()
 vllm.plugins.load_general_plugins()
-from graphbuf.adapters.vllm_ascend import plugin
+from graphbuf.adapters.vllm_ascend.glue import plugin
 first = plugin.decision()
 plugin.register()
 print("RESULT " + json.dumps({

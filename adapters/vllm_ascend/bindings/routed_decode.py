@@ -51,7 +51,9 @@ from graphbuf.graphs.tasks import (
 )
 from graphbuf.graphs.watch import Watch
 
-from . import kernels, large_head, upstream
+from ..glue import upstream
+from ..kernels import attention as kernels
+from . import large_head
 
 __all__ = ["DecodeTask", "RoutedDecodes"]
 
@@ -210,7 +212,9 @@ class RoutedDecodes:
                         f"still reads the captured one at {captured.data_ptr():#x}. Capture again."
                     )
                 if now is not captured and (now.data_ptr(), now.shape, now.stride()) != (
-                    captured.data_ptr(), captured.shape, captured.stride()
+                    captured.data_ptr(),
+                    captured.shape,
+                    captured.stride(),
                 ):
                     raise AddressChangedError(
                         f"{where}: {t.label}: {name} moved: captured at {captured.data_ptr():#x} shape "

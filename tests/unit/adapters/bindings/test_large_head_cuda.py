@@ -9,7 +9,7 @@ import pytest
 import torch
 from attention_cases import BLOCK, HEAD_DIM, KV_HEADS, Q_HEADS, TOL, WIDTH, make_case, sdpa_reference
 
-from graphbuf.adapters.vllm_ascend import large_head as lh
+from graphbuf.adapters.vllm_ascend.bindings import large_head as lh
 
 pytestmark = [
     pytest.mark.cuda,

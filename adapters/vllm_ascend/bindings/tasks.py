@@ -33,7 +33,7 @@ from graphbuf.buffers.slab import StaticBuffers
 from graphbuf.graphs.runner import OVERSIZE, Step
 from graphbuf.graphs.tasks import TaskKind
 
-from . import kernels
+from ..kernels import attention as kernels
 from .large_head import (
     DEFAULT_CHUNK_BLOCKS,
     decode_attention,
@@ -330,10 +330,11 @@ def _fill_randn(t: torch.Tensor, generator: torch.Generator) -> None:
 
 
 def decode_task(name: str, **options: Any) -> Gemma4AttentionTask:
-    """Spec task factory (``graphbuf.adapters.vllm_ascend.binding:decode_task``): decode attention."""
+    """Spec task factory (``graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task``): decode attention."""
     return Gemma4AttentionTask(name, mode="decode", **options)
 
 
 def verify_task(name: str, **options: Any) -> Gemma4AttentionTask:
-    """Spec task factory (``graphbuf.adapters.vllm_ascend.binding:verify_task``): MTP verify attention."""
+    """Spec task factory (``graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task``): MTP verify
+    attention."""
     return Gemma4AttentionTask(name, mode="verify", **options)

@@ -34,9 +34,9 @@ from vllm_plugin_harness import (
     set_capturing,
 )
 
-import graphbuf.adapters.vllm_ascend.patch as patch
-import graphbuf.adapters.vllm_ascend.resolve as resolve
-import graphbuf.adapters.vllm_ascend.routing as routing
+import graphbuf.adapters.vllm_ascend.glue.patch as patch
+import graphbuf.adapters.vllm_ascend.glue.resolve as resolve
+import graphbuf.adapters.vllm_ascend.glue.routing as routing
 from graphbuf.errors import AddressChangedError, WidthError
 from graphbuf.graphs.graph import Graph
 

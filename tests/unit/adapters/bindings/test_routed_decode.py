@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from graphbuf.adapters.vllm_ascend import kernels, large_head, routed_decode
+from graphbuf.adapters.vllm_ascend.bindings import large_head, routed_decode
+from graphbuf.adapters.vllm_ascend.kernels import attention as kernels
 from graphbuf.errors import AddressChangedError, LivenessError
 from graphbuf.graphs.tasks import TaskKind
 
@@ -260,5 +261,7 @@ def test_watch_check_cost_per_routed_layer() -> None:
     for i in range(reps):
         decodes.update(3, [20 + i % 2, 5, 0])
     update_us = (time.perf_counter() - start) / reps * 1e6
-    print(f"watch check: {check_us:.1f} us per step, {check_us / 10:.2f} us per routed layer; "
-          f"software update: {update_us:.1f} us per step")
+    print(
+        f"watch check: {check_us:.1f} us per step, {check_us / 10:.2f} us per routed layer; "
+        f"software update: {update_us:.1f} us per step"
+    )

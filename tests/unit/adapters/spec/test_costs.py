@@ -16,13 +16,13 @@ import pytest
 import torch
 
 import graphbuf
-from graphbuf.adapters.vllm_ascend import large_head as lh
+from graphbuf.adapters.vllm_ascend.bindings import large_head as lh
 from graphbuf.cli import main
 from graphbuf.spec.factories import RouteCost, registered_factories
 
 GEMMA = "gemma4-31b-it-mtp"
-DECODE = "graphbuf.adapters.vllm_ascend.binding:decode_task"
-VERIFY = "graphbuf.adapters.vllm_ascend.binding:verify_task"
+DECODE = "graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task"
+VERIFY = "graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task"
 
 
 def _routes(p: graphbuf.Plan, size: int, context: int | None = None) -> dict[tuple[str, str], RouteCost]:

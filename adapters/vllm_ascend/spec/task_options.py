@@ -67,10 +67,16 @@ class VerifyTaskOptions(_AttentionOptions):
 
 
 #: The batch relation both tasks need (see :mod:`graphbuf.testing`).
-BATCH_STRATEGY = "graphbuf.adapters.vllm_ascend.strategies:vllm_decode_batch"
+BATCH_STRATEGY = "graphbuf.adapters.vllm_ascend.spec.strategies:vllm_decode_batch"
 DECODE_TASK = TaskFactory(
-    "graphbuf.adapters.vllm_ascend.binding:decode_task", DecodeTaskOptions, decode_costs, BATCH_STRATEGY
+    "graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task",
+    DecodeTaskOptions,
+    decode_costs,
+    BATCH_STRATEGY,
 )
 VERIFY_TASK = TaskFactory(
-    "graphbuf.adapters.vllm_ascend.binding:verify_task", VerifyTaskOptions, verify_costs, BATCH_STRATEGY
+    "graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task",
+    VerifyTaskOptions,
+    verify_costs,
+    BATCH_STRATEGY,
 )

@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphbuf.adapters.vllm_ascend import large_head, routing
-from graphbuf.adapters.vllm_ascend.binding import LargeHeadBinding
+from graphbuf.adapters.vllm_ascend.bindings import large_head
+from graphbuf.adapters.vllm_ascend.bindings.tasks import LargeHeadBinding
+from graphbuf.adapters.vllm_ascend.glue import routing
 from graphbuf.drill.session import drill_plan
 from graphbuf.graphs.runner import Step
 
@@ -113,7 +114,11 @@ def _routes(q_len: int, spec_scale: float) -> dict[str, Callable[..., torch.Tens
     def binding(**modes: object) -> Callable[..., torch.Tensor]:
         def run(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, bt: torch.Tensor, lens: torch.Tensor):
             bind = LargeHeadBinding(
-                group="full", q_len=q_len, head_dim=D, scale=spec_scale, **modes  # type: ignore[arg-type]
+                group="full",
+                q_len=q_len,
+                head_dim=D,
+                scale=spec_scale,
+                **modes,  # type: ignore[arg-type]
             )
             out = torch.zeros_like(q)
             host = bind.host_args(bt.shape[0], lens.tolist()) if q_len == 1 else {}
@@ -175,8 +180,8 @@ def _routed(q_len: int, impl_scale: float) -> Callable[..., torch.Tensor]:
 @pytest.fixture(autouse=True)
 def full_graph_context(monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's forward context saying the step replays a FULL graph (what routes a batch to graphbuf), and the
-    rest of the upstream surface the routed forward reads (adapters/vllm_ascend/upstream.py): vllm-ascend's
-    forward context (replaying, not capturing) and its attention module's compute fence."""
+    rest of the upstream surface the routed forward reads (adapters/vllm_ascend/glue/upstream.py):
+    vllm-ascend's forward context (replaying, not capturing) and its attention module's compute fence."""
     context = types.SimpleNamespace(cudagraph_runtime_mode=types.SimpleNamespace(name="FULL"))
     module = types.ModuleType("vllm.forward_context")
     module.is_forward_context_available = lambda: True  # type: ignore[attr-defined]

@@ -15,8 +15,8 @@ import pytest
 import torch
 from attention_cases import BLOCK, BLOCKS, HEAD_DIM, Q_HEADS, TOL, WIDTH, make_case, sdpa_reference
 
-from graphbuf.adapters.vllm_ascend import kernels
-from graphbuf.adapters.vllm_ascend import large_head as lh
+from graphbuf.adapters.vllm_ascend.bindings import large_head as lh
+from graphbuf.adapters.vllm_ascend.kernels import attention as kernels
 
 pytestmark = [
     pytest.mark.npu,
@@ -73,7 +73,7 @@ def _distinct_lengths(batch: int, seed: int) -> list[int]:
 
 
 def _capture_binding_decode(static, lengths):
-    from graphbuf.adapters.vllm_ascend.binding import LargeHeadBinding
+    from graphbuf.adapters.vllm_ascend.bindings.tasks import LargeHeadBinding
     from graphbuf.graphs.graph import Graph
     from graphbuf.graphs.runner import Step
 
