@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import SPEC, compare, render_table, step_buffers, write_json
 
-from graphbuf.adapters.vllm_ascend.bindings.tasks import Gemma4AttentionTask
+from graphbuf.adapters.vllm_ascend.bindings.attention_tasks import Gemma4AttentionTask
 from graphbuf.buffers.slab import StaticBuffers
 from graphbuf.graphs.runner import GraphRunner, Step
 from graphbuf.planning.planner import Plan, plan

@@ -166,7 +166,10 @@ def mutmut(
     work: Path, names: list[str], env: dict[str, str], max_children: int, *, check: bool = True
 ) -> None:
     cmd = [sys.executable, "-m", "mutmut", "run", f"--max-children={max_children}", *names]
-    subprocess.run(cmd, cwd=work, env=env, check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    if check and done.returncode:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
+        raise SystemExit(f"mutmut run failed in {work} (exit {done.returncode}); its last lines:\n{tail}")
 
 
 def results(work: Path, path: str) -> dict[str, str]:

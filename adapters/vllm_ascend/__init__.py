@@ -4,7 +4,7 @@
   routing of a FULL-graph batch (``routing``), what a routed call resolves (``resolve``), and every upstream
   attribute the adapter reads, in one table (``upstream``);
 - ``bindings/``: the large-head attention (``large_head``) bound to graphbuf buffers and tasks: the spec's
-  task factories (``tasks``) and the routed decode tasks (``routed_decode``);
+  task factories (``attention_tasks``) and the routed decode tasks (``routed_decode``);
 - ``kernels/``: the attention kernels (``attention``): NPU ops or their software stand-ins;
 - ``spec/``: spec metadata of the tasks: options (``task_options``), costs (``costs``) and batch
   strategies (``strategies``).

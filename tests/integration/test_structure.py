@@ -445,3 +445,12 @@ def test_the_adapter_s_modules_sit_in_role_folders_that_import_only_what_their_r
             if target.startswith(prefix + "."):
                 other = target[len(prefix) + 1 :].split(".")[0]
                 assert other in ROLE_IMPORTS[role], f"{name} ({role}) imports {target} ({other})"
+
+
+def test_test_files_have_unique_names() -> None:
+    """pytest imports test files by their base name (no ``__init__.py`` in tests/): two files of one name in
+    different folders stop the whole collection."""
+    seen: dict[str, Path] = {}
+    for f in sorted((REPO / "tests").rglob("test_*.py")):
+        assert f.name not in seen, f"{f.relative_to(REPO)} and {seen[f.name].relative_to(REPO)} share a name"
+        seen[f.name] = f

@@ -151,8 +151,8 @@ def test_the_adapters_relation_holds_on_the_shipped_spec(batch: Batch) -> None:
 
 def test_relations_come_through_the_factory_registry() -> None:
     registry = registered_factories()
-    for factory in ("graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task",
-                    "graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task"):  # fmt: skip
+    for factory in ("graphbuf.adapters.vllm_ascend.bindings.attention_tasks:decode_task",
+                    "graphbuf.adapters.vllm_ascend.bindings.attention_tasks:verify_task"):  # fmt: skip
         assert registry[factory].strategy == "graphbuf.adapters.vllm_ascend.spec.strategies:vllm_decode_batch"
         assert task_strategy(factory) is vllm_decode_batch
     assert task_relations(SHIPPED.plan.spec) == (vllm_decode_batch,)  # decode and verify share it: once

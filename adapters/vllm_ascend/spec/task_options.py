@@ -69,13 +69,13 @@ class VerifyTaskOptions(_AttentionOptions):
 #: The batch relation both tasks need (see :mod:`graphbuf.testing`).
 BATCH_STRATEGY = "graphbuf.adapters.vllm_ascend.spec.strategies:vllm_decode_batch"
 DECODE_TASK = TaskFactory(
-    "graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task",
+    "graphbuf.adapters.vllm_ascend.bindings.attention_tasks:decode_task",
     DecodeTaskOptions,
     decode_costs,
     BATCH_STRATEGY,
 )
 VERIFY_TASK = TaskFactory(
-    "graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task",
+    "graphbuf.adapters.vllm_ascend.bindings.attention_tasks:verify_task",
     VerifyTaskOptions,
     verify_costs,
     BATCH_STRATEGY,

@@ -20,7 +20,7 @@ import torch
 from attention_cases import BLOCK, BLOCKS, HEAD_DIM, KV_HEADS, TOL, WIDTH, make_case, sdpa_reference
 
 from graphbuf.adapters.vllm_ascend.bindings import large_head as lh
-from graphbuf.adapters.vllm_ascend.bindings.tasks import LargeHeadBinding
+from graphbuf.adapters.vllm_ascend.bindings.attention_tasks import LargeHeadBinding
 from graphbuf.adapters.vllm_ascend.kernels import attention as kernels
 from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.runner import Step

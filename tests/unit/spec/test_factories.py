@@ -20,8 +20,8 @@ from graphbuf.spec.models import GraphSpec, load_spec
 
 REPO = Path(__file__).resolve().parents[3]
 GEMMA = "gemma4-31b-it-mtp"
-DECODE = "graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task"
-VERIFY = "graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task"
+DECODE = "graphbuf.adapters.vllm_ascend.bindings.attention_tasks:decode_task"
+VERIFY = "graphbuf.adapters.vllm_ascend.bindings.attention_tasks:verify_task"
 
 
 def test_the_adapter_and_the_drill_register_their_factories_through_entry_points() -> None:
@@ -142,7 +142,7 @@ for argv in {argvs!r}:
     heavy = sorted(
         m for m in sys.modules if m == "torch" or m.startswith(("torch.", "graphbuf.drill.session"))
     )
-    heavy += [m for m in ("graphbuf.adapters.vllm_ascend.bindings.tasks",) if m in sys.modules]
+    heavy += [m for m in ("graphbuf.adapters.vllm_ascend.bindings.attention_tasks",) if m in sys.modules]
     assert not heavy, (argv, heavy[:5])
 print("NO_TORCH_OK")
 """

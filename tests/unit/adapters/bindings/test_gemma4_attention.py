@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from graphbuf.adapters.vllm_ascend.bindings import large_head
-from graphbuf.adapters.vllm_ascend.bindings.tasks import LargeHeadBinding
+from graphbuf.adapters.vllm_ascend.bindings.attention_tasks import LargeHeadBinding
 from graphbuf.adapters.vllm_ascend.glue import routing
 from graphbuf.drill.session import drill_plan
 from graphbuf.graphs.runner import Step

@@ -73,7 +73,7 @@ def _distinct_lengths(batch: int, seed: int) -> list[int]:
 
 
 def _capture_binding_decode(static, lengths):
-    from graphbuf.adapters.vllm_ascend.bindings.tasks import LargeHeadBinding
+    from graphbuf.adapters.vllm_ascend.bindings.attention_tasks import LargeHeadBinding
     from graphbuf.graphs.graph import Graph
     from graphbuf.graphs.runner import Step
 

@@ -21,8 +21,8 @@ from graphbuf.cli import main
 from graphbuf.spec.factories import RouteCost, registered_factories
 
 GEMMA = "gemma4-31b-it-mtp"
-DECODE = "graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task"
-VERIFY = "graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task"
+DECODE = "graphbuf.adapters.vllm_ascend.bindings.attention_tasks:decode_task"
+VERIFY = "graphbuf.adapters.vllm_ascend.bindings.attention_tasks:verify_task"
 
 
 def _routes(p: graphbuf.Plan, size: int, context: int | None = None) -> dict[tuple[str, str], RouteCost]:

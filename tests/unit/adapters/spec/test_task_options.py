@@ -59,8 +59,8 @@ def test_bad_verify_options_are_refused_by_field(bad: dict[str, object], named: 
 
 
 def test_the_factories_name_binding_costs_and_strategy() -> None:
-    assert DECODE_TASK.factory == "graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task"
-    assert VERIFY_TASK.factory == "graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task"
+    assert DECODE_TASK.factory == "graphbuf.adapters.vllm_ascend.bindings.attention_tasks:decode_task"
+    assert VERIFY_TASK.factory == "graphbuf.adapters.vllm_ascend.bindings.attention_tasks:verify_task"
     assert (DECODE_TASK.options, DECODE_TASK.costs) == (DecodeTaskOptions, decode_costs)
     assert (VERIFY_TASK.options, VERIFY_TASK.costs) == (VerifyTaskOptions, verify_costs)
     assert (

@@ -330,11 +330,12 @@ def _fill_randn(t: torch.Tensor, generator: torch.Generator) -> None:
 
 
 def decode_task(name: str, **options: Any) -> Gemma4AttentionTask:
-    """Spec task factory (``graphbuf.adapters.vllm_ascend.bindings.tasks:decode_task``): decode attention."""
+    """Spec task factory (``graphbuf.adapters.vllm_ascend.bindings.attention_tasks:decode_task``): decode
+    attention."""
     return Gemma4AttentionTask(name, mode="decode", **options)
 
 
 def verify_task(name: str, **options: Any) -> Gemma4AttentionTask:
-    """Spec task factory (``graphbuf.adapters.vllm_ascend.bindings.tasks:verify_task``): MTP verify
+    """Spec task factory (``graphbuf.adapters.vllm_ascend.bindings.attention_tasks:verify_task``): MTP verify
     attention."""
     return Gemma4AttentionTask(name, mode="verify", **options)

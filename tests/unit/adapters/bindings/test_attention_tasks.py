@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import graphbuf
-from graphbuf.adapters.vllm_ascend.bindings.tasks import Gemma4AttentionTask, LargeHeadBinding
+from graphbuf.adapters.vllm_ascend.bindings.attention_tasks import Gemma4AttentionTask, LargeHeadBinding
 from graphbuf.cli import main
 from graphbuf.drill.session import run_drill
 from graphbuf.graphs.runner import GraphRunner, Step
