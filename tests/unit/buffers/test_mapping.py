@@ -106,6 +106,13 @@ def test_prepare_mapping_names_what_is_missing_unless_it_may_be_omitted() -> Non
         sb.layout, src, 4, None, "refresh(size=4)", strict=True, device=CPU, omit=frozenset({"seq_lens"})
     )
     assert live == 2
+    del src["slot_mapping"]  # omitting one buffer never excuses another
+    with pytest.raises(
+        RefreshError, match=r"^refresh\(size=4\): missing buffer\(s\) seq_lens, slot_mapping;"
+    ):
+        prepare_mapping(
+            sb.layout, src, 4, None, "refresh(size=4)", strict=True, device=CPU, omit=frozenset({"seq_lens"})
+        )
 
 
 def test_prepare_mapping_checks_num_reqs_against_the_capture_size() -> None:
@@ -116,11 +123,14 @@ def test_prepare_mapping_checks_num_reqs_against_the_capture_size() -> None:
         prepare_mapping(sb.layout, _sources(2), 4, True, "refresh(size=4)", strict=True, device=CPU)
 
 
-def test_a_list_source_is_converted_and_the_arrays_checked_after_it() -> None:
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "tensor"])
+def test_a_list_source_is_converted_and_the_arrays_checked_after_it(as_tensor: bool) -> None:
     """Converting a list runs user code (numpy reads its objects); a plain array checked before it is
     checked again afterwards, so a change made by that code is seen."""
     sb = _sb()
     src: dict[str, Any] = _sources(2)
+    if as_tensor:  # no numpy array among the sources: the tensors are checked again too
+        src = {k: torch.from_numpy(v) for k, v in src.items()}
     lens = src["seq_lens"]
 
     class Row:
@@ -137,5 +147,5 @@ def test_a_list_source_is_converted_and_the_arrays_checked_after_it() -> None:
 
     src = {"seq_lens": lens, **{k: v for k, v in src.items() if k != "seq_lens"}}
     src["block_table.b"] = [Row(), Row()]
-    with pytest.raises(RefreshError, match=r"buffer 'seq_lens': .*1000000"):
+    with pytest.raises(RefreshError, match=r"^refresh\(size=4\): buffer 'seq_lens': .*1000000"):
         prepare_mapping(sb.layout, src, 4, None, "refresh(size=4)", strict=True, device=CPU)
