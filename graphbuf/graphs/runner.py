@@ -229,7 +229,6 @@ class GraphRunner:
         self._rows_memo: dict[int, list[int]] = {}
         self._graphs: dict[int, _Captured] = {}
         self._tpr = buffers.plan.tokens_per_request
-        self._max_requests = buffers.capture_sizes[-1] // self._tpr
         self._capture_called = False
         self._guard = Exclusive(
             "GraphRunner.{call} while another call is running on this runner (from another thread, or from "

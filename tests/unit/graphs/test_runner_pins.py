@@ -10,7 +10,16 @@ import torch
 from paged_spec import PAGED_SPEC
 
 import graphbuf
-from graphbuf import AddressChangedError, Graph, LivenessError, RefreshError
+from graphbuf import (
+    AddressChangedError,
+    CaptureError,
+    ConcurrentUseError,
+    Graph,
+    LivenessError,
+    RefreshError,
+    SpecError,
+    TaskError,
+)
 from graphbuf.graphs.runner import Durations, GraphRunner, Step
 
 
@@ -274,3 +283,165 @@ def test_first_use_verification_runs_the_step_with_the_live_request_count() -> N
     runner.run(_batch([4, 5, 6]))
     assert requests == [3] and runner.stats.refused == {}
 
+
+def test_host_args_that_are_no_mapping_name_their_type_and_what_is_allowed() -> None:
+    """``_host_args__mutmut_3`` (the message dropped)."""
+    runner = GraphRunner(_buffers(), _lens, output_rows="requests")
+    runner.capture()
+    with pytest.raises(TaskError) as err:
+        runner.run(_batch([3, 4]), host_args=[("decode", {})])
+    assert str(err.value) == (
+        "run(): host_args is list; allowed: a mapping of task kind to {host argument name: value}"
+    )
+
+
+def test_a_second_call_from_inside_the_callable_is_refused_with_the_whole_reason() -> None:
+    """``__init____mutmut_55`` (the guard's message)."""
+    inner: list[BaseException] = []
+
+    def fn(step: Step) -> torch.Tensor:
+        try:
+            runner.live_rows(step.views["seq_lens"], 1)
+            runner.capture()
+        except ConcurrentUseError as exc:
+            inner.append(exc)
+        return _lens(step)
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests")
+    runner.capture()
+    assert str(inner[0]) == (
+        "GraphRunner.capture() while another call is running on this runner (from another thread, or from "
+        "inside the captured callable); a runner's graphs, buffers and outputs serve one caller at a time. "
+        "Use one runner per thread, or serialize the calls."
+    )
+
+
+@pytest.mark.parametrize(
+    ("result", "rules", "message"),
+    [
+        (
+            lambda s: [s.views["seq_lens"]],
+            "requests",
+            "the callable returned list; allowed: a tensor, or a tuple of tensors (one per output_rows rule)",
+        ),
+        (
+            lambda s: (s.views["seq_lens"], 3),
+            "requests",
+            "output 1 of the callable is int; allowed: a tensor with rows (>= 1-D)",
+        ),
+        (
+            lambda s: (s.views["seq_lens"], s.views["seq_lens"], s.views["seq_lens"]),
+            ("requests", "requests"),
+            "the callable returned 3 outputs, but output_rows has 2 rules; allowed: one rule, or one per "
+            "output",
+        ),
+    ],
+    ids=["list", "int-output", "rule-count"],
+)
+def test_what_the_callable_returns_is_refused_with_its_whole_message(result, rules, message: str) -> None:
+    """``_check_output__mutmut_10``/``_21``/``_29`` (the messages)."""
+    runner = GraphRunner(_buffers(), result, output_rows=rules)
+    with pytest.raises(CaptureError) as err:
+        runner.capture()
+    assert f"failed: CaptureError: {message}. Every buffer was restored." in str(err.value), str(err.value)
+
+
+def test_a_rule_above_its_output_names_that_rule_and_that_output() -> None:
+    """``_slice__mutmut_20``/``_22``/``_25``: with one rule per output the error names the output's own rule
+    and its row count (dim 0), not the first rule or another dim."""
+
+    def two(step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        lens = step.views["seq_lens"].float()
+        return lens, torch.zeros(step.size, 7)
+
+    runner = GraphRunner(_buffers(), two, output_rows=("requests", "requests + 100"))
+    runner.capture()
+    with pytest.raises(SpecError) as err:
+        runner.run(_batch([3, 4]))
+    assert str(err.value) == (
+        "GraphRunner output_rows[1] 'requests + 100' gives 102 rows at 2 requests, but output 1 has 2 rows"
+    )
+
+
+def test_widths_with_a_mapping_are_refused_by_run_itself() -> None:
+    """``_run__mutmut_9``: ``run()`` passes its own ``widths`` to the one argument check (run's label)."""
+    runner = GraphRunner(_buffers(), _lens, output_rows="requests")
+    runner.capture()
+    with pytest.raises(RefreshError, match=r"^run\(\): widths= applies to BoundSources"):
+        runner.run(_batch([3, 4]), widths={"block_table": 2})
+
+
+def test_the_first_use_check_gives_the_step_its_size() -> None:
+    """``_run__mutmut_98``: the eager step that verifies a first replay has the capture size."""
+    sizes: list[object] = []
+
+    def fn(step: Step) -> torch.Tensor:
+        sizes.append(step.size)
+        return step.views["seq_lens"].float() * 2
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests", verify=True)
+    runner.capture()
+    sizes.clear()
+    runner.run(_batch([3, 4, 5]))
+    assert sizes == [4] and runner.stats.refused == {}
+
+
+def test_live_rows_slices_by_the_rules_and_checks_the_output() -> None:
+    """``live_rows__mutmut_6`` (no test reached ``live_rows``)."""
+    runner = GraphRunner(_buffers(), _lens, output_rows=("requests", "2 * requests"))
+    a, b = torch.arange(8.0), torch.arange(16.0)
+    got = runner.live_rows((a, b), 3)
+    assert got[0].tolist() == [0.0, 1.0, 2.0] and got[1].tolist() == list(map(float, range(6)))
+    assert got[0].data_ptr() == a.data_ptr()  # views, no copy
+    with pytest.raises(CaptureError, match="the callable returned list"):
+        runner.live_rows([a, b], 3)  # type: ignore[arg-type]
+
+
+def test_stats_as_dict_keys_refused_sizes_by_their_size() -> None:
+    """``RunnerStats.as_dict__mutmut_18``: a refused size is keyed by its own size."""
+    calls = {"n": 0}
+
+    def flaky(step: Step) -> torch.Tensor:
+        calls["n"] += 1
+        return step.views["seq_lens"].float() + (calls["n"] > 3)  # the eager check sees other values
+
+    runner = GraphRunner(_buffers(), flaky, output_rows="requests", verify=True)
+    runner.capture()
+    runner.run(_batch([3, 4]))
+    refused = runner.stats.as_dict()["refused"]
+    assert list(refused) == ["2"] and refused["2"].startswith("first replay differs from eager")
+
+
+def test_a_rule_that_fails_to_evaluate_is_named() -> None:
+    """``_rows__mutmut_15``: the rule that failed is named, by its own index."""
+    runner = GraphRunner(_buffers(), _lens, output_rows="cdiv(requests, 0)")
+    runner.capture()
+    with pytest.raises(SpecError, match=r"^GraphRunner output_rows 'cdiv\(requests, 0\)' at 2 requests: "):
+        runner.run(_batch([3, 4]))
+
+
+def test_only_the_first_replay_of_a_size_is_checked_against_eager() -> None:
+    """``_run__mutmut_93``: once a size is verified its later replays run no eager step."""
+    eager = {"n": 0}
+
+    def fn(step: Step) -> torch.Tensor:
+        eager["n"] += 1
+        return step.views["seq_lens"].float()
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests", verify=True)
+    runner.capture()
+    eager["n"] = 0
+    for lens in ([3, 4], [5, 6], [7, 8]):
+        runner.run(_batch(lens))
+    assert eager["n"] == 1 and runner.stats.replays == 3
+
+
+def test_stats_as_dict_names_every_counter() -> None:
+    """``RunnerStats.as_dict__mutmut_5`` (a key renamed)."""
+    runner = GraphRunner(_buffers(), _lens, output_rows="requests")
+    runner.capture()
+    runner.run(_batch([3, 4]))
+    d = runner.stats.as_dict()
+    names = {"replays", "eager", "task_updates", "replays_by_size", "eager_reasons", "capture_failures"}
+    assert names <= set(d)
+    assert (d["replays"], d["eager"], d["task_updates"]) == (1, 0, 0) and d["replays_by_size"][2] == 1
