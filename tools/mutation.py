@@ -40,6 +40,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         [
             "tests/unit/buffers/test_refresh.py",
             "tests/unit/buffers/test_validate.py",
+            "tests/unit/buffers/test_validate_pins.py",
+            "tests/unit/buffers/test_mapping.py",
+            "tests/unit/buffers/test_atomic_errors.py",
             "tests/unit/buffers/test_bound.py",
         ],
     ),

@@ -1,0 +1,96 @@
+"""Pins for ``graphbuf/buffers/validate.py`` (issue 24 §2): each test fails on the mutant its docstring names
+(mutmut's names, measured on the numpy path)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from conftest import SMALL_SPEC
+from paged_spec import PAGED_SPEC
+
+from graphbuf import GraphSpec, RefreshError, RowsError, StaticBuffers
+from graphbuf.graphs.runner import GraphRunner
+
+
+def _small(**extra: object) -> StaticBuffers:
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["buffers"].update(extra)
+    return StaticBuffers(GraphSpec.model_validate(spec))
+
+
+def _sources(n: int) -> dict[str, np.ndarray]:
+    return {
+        "block_table.a": np.zeros((n, 4), np.int32),
+        "block_table.b": np.zeros((n, 4), np.int32),
+        "seq_lens": np.full(n, 3, np.int32),
+        "query_start_loc": np.arange(n + 1, dtype=np.int32),
+        "slot_mapping": np.arange(2 * n, dtype=np.int64),
+    }
+
+
+def test_too_many_rows_for_an_eager_step_say_so() -> None:
+    """``_fitted__mutmut_22``: the message tells an eager step from a capture size."""
+    sb = _small()
+    src = _sources(5)
+    src["seq_lens"] = np.full(6, 3, np.int32)
+    with pytest.raises(RowsError) as err:
+        sb.eager_inputs(10, src, num_reqs=5)
+    assert str(err.value) == (
+        "eager(size=10): buffer 'seq_lens': 6 live rows, but an eager step of 10 holds 5 (rows = requests)"
+    )
+
+
+def test_a_list_of_numpy_and_python_integers_is_read_exactly() -> None:
+    """``_integers__mutmut_2``/``_17``: numpy makes float64 of ``[np.uint64(..), 1]``; the values are read
+    back exactly as int64, or as uint64 above int64's range (then checked against the buffer's bounds)."""
+    sb = _small()
+    src: dict[str, object] = {**_sources(3), "seq_lens": [np.uint64(5), 1, 1]}
+    sb.refresh(8, src)
+    assert sb.view(8)["seq_lens"][:3].tolist() == [5, 1, 1]
+    src["seq_lens"] = [np.uint64(2**63 + 1), 1, 1]
+    with pytest.raises(RefreshError, match=r"values 1\.\.9223372036854775809 do not fit int32"):
+        sb.refresh(8, src)
+
+
+def test_a_0_d_source_does_not_give_the_live_count_and_is_refused() -> None:
+    """``_rows_of__mutmut_2``: a 0-d array carries no rows (the next source gives the count), then the
+    refresh refuses it by name."""
+    runner = GraphRunner(
+        StaticBuffers(GraphSpec.model_validate(PAGED_SPEC)), lambda s: s.views["seq_lens"].float(),
+        output_rows="requests",
+    )  # fmt: skip
+    runner.capture()
+    src = {"seq_lens": np.array(3, np.int32), "block_table": np.zeros((2, 8), np.int32)}
+    with pytest.raises(RefreshError, match=r"buffer 'seq_lens': "):
+        runner.run(src)
+
+
+def test_a_tensor_of_another_kind_is_refused_with_the_buffers_rank() -> None:
+    """``_typed__mutmut_17``: the message says what is allowed, from the buffer."""
+    sb = _small()
+    src: dict[str, object] = {**_sources(2), "seq_lens": torch.tensor([1, 2], dtype=torch.int32)._neg_view()}
+    with pytest.raises(RefreshError) as err:
+        sb.refresh(4, src)
+    assert str(err.value) == (
+        "refresh(size=4): buffer 'seq_lens': a tensor with a lazy conjugate/negative bit; allowed: a dense "
+        "1-D tensor (strided layout)"
+    )
+
+
+def test_a_numpy_source_of_the_wrong_rank_is_named_with_the_call() -> None:
+    """``check_typed__mutmut_29``: the layout error starts with the call's label."""
+    sb = _small()
+    src = {**_sources(2), "seq_lens": np.zeros((2, 1), np.int64)}  # int64: not a fast dtype of int32
+    with pytest.raises(RefreshError, match=r"^refresh\(size=4\): buffer 'seq_lens': "):
+        sb.refresh(4, src)
+
+
+def test_an_eager_step_above_the_table_finds_its_count_from_the_rows() -> None:
+    """``requests_of_rows__mutmut_9``: rows past every capture size are turned into a count by the rule."""
+    sb = _small()
+    src = {**_sources(20), "query_start_loc": np.zeros(21, np.int32)}  # within max_num_batched_tokens
+    out = sb.eager_inputs(40, src)
+    assert out["query_start_loc"].shape == (21,) and out["seq_lens"].shape == (20,)
