@@ -56,7 +56,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
     "refresh.bound": (
         "graphbuf/buffers/bound.py",
-        ["tests/unit/buffers/test_bound.py", "tests/unit/buffers/test_bound_pins.py"],
+        [
+            "tests/unit/buffers/test_bound.py",
+            "tests/unit/buffers/test_bound_pins.py",
+            "tests/unit/buffers/test_bound_messages_pins.py",
+            "tests/unit/buffers/test_atomic_errors.py",
+        ],
     ),
     "refresh.layout": (
         "graphbuf/buffers/layout.py",
