@@ -106,7 +106,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         [
             "tests/unit/spec/test_models.py",
             "tests/unit/spec/test_models_hostile.py",
+            "tests/unit/spec/test_models_edges.py",
             "tests/unit/spec/test_models_pins.py",
+            "tests/unit/spec/test_models_growth_pins.py",
+            "tests/unit/spec/test_constants.py",
         ],
     ),
     "expr": (
@@ -163,6 +166,7 @@ def prepare(module: str) -> Path:
     (work / "setup.cfg").write_text(
         "[mutmut]\n"
         "source_paths = graphbuf/\n"
+        "also_copy =\n    specs/\n"  # the spec tests read the shipped specs and schema beside graphbuf/
         f"only_mutate = {path}\n"
         f"pytest_add_cli_args_test_selection =\n    {selection}\n"
         "pytest_add_cli_args =\n    -x\n    -q\n",
