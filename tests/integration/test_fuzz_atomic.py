@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # fuzz_atomic.py sits beside this test
 
 from fuzz_atomic import run
 
