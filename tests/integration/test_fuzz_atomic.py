@@ -1,6 +1,6 @@
 """The atomicity fuzzer (``tests/integration/fuzz_atomic.py``) at a short length: every CI run replays its
-first calls with the fixed seed, ten times as many under the ``deep`` Hypothesis profile (``.ci/sanitize`` runs it
-in full, under ASan + UBSan; ``--deep`` 10x longer)."""
+first calls with the fixed seed, ten times as many under the ``deep`` Hypothesis profile
+(``.ci/sanitize`` runs it in full, under ASan + UBSan; ``--deep`` 10x longer)."""
 
 from __future__ import annotations
 
