@@ -50,6 +50,7 @@ __all__ = ["StagedBuffer", "StagingArea"]
 _INT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TORCH_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _EMPTY = np.zeros(0, dtype=np.int64)
+_FEW = 8  # up to this many runs are expanded one arange each
 
 
 class _Mirror:
@@ -80,8 +81,8 @@ class _Mirror:
         runs, cells = self.runs, self.cells
         parts = list(cells)
         if runs:
-            if len(runs) == 1:
-                parts.append(np.arange(runs[0][0], runs[0][1], dtype=np.int64))
+            if len(runs) <= _FEW:
+                parts.extend(np.arange(a, b, dtype=np.int64) for a, b in runs)
             else:
                 parts.append(_expand(np.array(runs, dtype=np.int64)))
         if not parts:
@@ -91,7 +92,13 @@ class _Mirror:
 
 
 def _expand(runs: np.ndarray) -> np.ndarray:
-    """Flat indices of ``runs`` (an n × 2 array of [start, stop) ranges), vectorized."""
+    """Flat indices of ``runs`` (an n × 2 array of [start, stop) ranges), vectorized (a few runs: one
+    ``arange`` each, cheaper than the cumulative sums)."""
+    if runs.shape[0] <= _FEW:
+        parts = [np.arange(a, b, dtype=np.int64) for a, b in runs.tolist() if b > a]
+        if not parts:
+            return _EMPTY
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
     starts, lengths = runs[:, 0], runs[:, 1] - runs[:, 0]
     keep = lengths > 0
     if not keep.all():
