@@ -255,12 +255,20 @@ def _blockwise(
         (batch, num_kv_heads, group * q_len, head_dim), dtype=torch.float32, device=query.device
     )
     zero = torch.zeros((), dtype=torch.float32, device=query.device)
+    # Cache rows and the mask of the whole table, built once (int/bool, no K/V); each chunk slices them, so
+    # a chunk issues the attention ops only (fewer captured ops per chunk, same values).
+    rows = _row_index(ids, block_size, num_kv_heads).view(batch, num_kv_heads, width * block_size)
+    hidden_all = hidden_mask(seq_lens, q_len, 0, width * block_size).view(batch, 1, 1, q_len, -1)
+    key_rows, value_rows = _cache_rows(key_cache), _cache_rows(value_cache)
     for first in range(0, width, chunk_blocks):
         last = min(width, first + chunk_blocks)
         keys = (last - first) * block_size
-        key, value = gather_kv_bnsd(key_cache, value_cache, ids[:, first:last])
+        chunk_rows = rows[:, :, first * block_size : last * block_size].reshape(-1)
+        shape = (batch, num_kv_heads, keys, head_dim)
+        key = key_rows.index_select(0, chunk_rows).view(shape)
+        value = value_rows.index_select(0, chunk_rows).view(shape)
         scores = torch.matmul(q, key.to(torch.float32).transpose(-1, -2))
-        hidden = hidden_mask(seq_lens, q_len, first * block_size, keys).view(batch, 1, 1, q_len, keys)
+        hidden = hidden_all[..., first * block_size : last * block_size]
         scores.view(batch, num_kv_heads, group, q_len, keys).masked_fill_(hidden, float("-inf"))
         new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))
         # -inf only while a query has seen no key yet; shift by 0 then so exp() gives 0, never NaN.
