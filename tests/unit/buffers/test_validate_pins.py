@@ -83,8 +83,8 @@ def test_a_tensor_of_another_kind_is_refused_with_the_buffers_rank() -> None:
 def test_a_numpy_source_of_the_wrong_rank_is_named_with_the_call() -> None:
     """``check_typed__mutmut_29``: the layout error starts with the call's label."""
     sb = _small()
-    src = {**_sources(2), "seq_lens": np.zeros((2, 1), np.int64)}  # int64: not a fast dtype of int32
-    with pytest.raises(RefreshError, match=r"^refresh\(size=4\): buffer 'seq_lens': "):
+    src = {**_sources(2), "scratch": np.zeros((3, 1), np.float32)}  # float buffers take the typed path
+    with pytest.raises(RefreshError, match=r"^refresh\(size=4\): buffer 'scratch': "):
         sb.refresh(4, src)
 
 

@@ -120,3 +120,33 @@ def test_bisection_stops_at_its_documented_bound() -> None:
     p = _plan({"slow": {"dtype": "int32", "rows": "requests // 5 + 1"}}, [1, 2, 4])
     assert p.requests_for_rows("slow", 9) == 40
     assert p.requests_for_rows("slow", 10) is None
+
+
+def test_counts_past_the_table_are_integers() -> None:
+    """``requests_for_rows__mutmut_38``: the bisection's bound is an integer, so is its answer."""
+    p = _plan({"x": {"dtype": "int32", "rows": "requests // 3"}}, [4])
+    found = p.requests_for_rows("x", 5)
+    assert found == 15 and type(found) is int
+
+
+def test_a_single_request_capture_has_a_table() -> None:
+    """``requests_for_rows__mutmut_7``: the table spans 0 .. the largest capture's requests (here 0 and 1),
+    never an empty range."""
+    p = _plan({"x": {"dtype": "int32", "rows": "requests"}}, [1])
+    assert p.requests_for_rows("x", 1) == 1 and p.requests_for_rows("x", 0) == 0
+
+
+def test_to_dict_names_every_part_and_counts_requests_as_integers() -> None:
+    """``to_dict__mutmut_3``/``_40``/``_67``: the keys, and ``requests`` per size an integer."""
+    spec = {
+        "version": 1,
+        "name": "planner-pins",
+        "constants": {"n": 3},
+        "capture": {"tokens_per_request": 2, "sizes": [2, 6]},
+        "buffers": {"x": {"dtype": "int32", "rows": "requests"}},
+    }
+    d = plan(GraphSpec.model_validate(spec)).to_dict()
+    assert d["constants"] == {"n": 3} and "memory_totals" in d
+    assert [d["sizes"][s]["requests"] for s in ("2", "6")] == [1, 3]
+    assert all(type(d["sizes"][s]["requests"]) is int for s in ("2", "6"))
+    assert json.loads(json.dumps(d)) == d
