@@ -17,6 +17,7 @@ from graphbuf import (
     Graph,
     LivenessError,
     RefreshError,
+    RowsError,
     SpecError,
     TaskError,
 )
@@ -445,3 +446,80 @@ def test_stats_as_dict_names_every_counter() -> None:
     names = {"replays", "eager", "task_updates", "replays_by_size", "eager_reasons", "capture_failures"}
     assert names <= set(d)
     assert (d["replays"], d["eager"], d["task_updates"]) == (1, 0, 0) and d["replays_by_size"][2] == 1
+
+
+def test_nan_in_the_same_place_in_replay_and_eager_is_no_mismatch() -> None:
+    """``_mismatch__mutmut_26``: NaNs compare equal (a padded output row may hold NaN both ways)."""
+
+    def fn(step: Step) -> torch.Tensor:
+        return step.views["seq_lens"].float() / step.views["seq_lens"].float()  # 0/0 on padded rows
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests + 1", verify=True)
+    runner.capture()
+    out = runner.run(_batch([3, 4, 5]))  # size 4: row 3 is padded, seq_lens 0
+    assert torch.isnan(out[3]) and runner.stats.refused == {}
+
+
+def test_output_rows_of_a_wrong_type_and_unknown_names_are_refused_in_full() -> None:
+    """``_parse_rows__mutmut_3``/``_42``: the type named; the spec's constants listed."""
+    with pytest.raises(SpecError) as err:
+        GraphRunner(_buffers(), _lens, output_rows=5)  # type: ignore[arg-type]
+    assert str(err.value) == (
+        "GraphRunner output_rows: 5 is int; allowed: an expression string, or a list of them (one per output)"
+    )
+    with pytest.raises(SpecError) as err:
+        GraphRunner(_buffers(), _lens, output_rows="requests + pages")
+    assert str(err.value).endswith(
+        "unknown name(s) ['pages']; allowed: tokens, requests and the spec's constants "
+        "(block_size, max_model_len, max_num_seqs, num_blocks)"
+    )
+
+
+def test_capture_gives_each_step_its_request_count() -> None:
+    """``_capture__mutmut_39``: the captured step of size s holds s // tokens_per_request requests."""
+    seen: dict[int, int] = {}
+
+    def fn(step: Step) -> torch.Tensor:
+        seen[step.size] = step.requests
+        return _lens(step)
+
+    GraphRunner(_buffers(), fn, output_rows="requests").capture()
+    assert seen == {2: 2, 4: 4, 8: 8}
+
+
+def test_an_eager_check_output_too_short_names_the_live_count() -> None:
+    """``_run__mutmut_111``: the first-use check slices the eager output at the live count."""
+
+    def fn(step: Step) -> torch.Tensor:
+        lens = step.views["seq_lens"].float()
+        return lens if step.graph is not None else lens[:1]
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests", verify=True)
+    runner.capture()
+    with pytest.raises(SpecError) as err:
+        runner.run(_batch([3, 4]))
+    assert (
+        str(err.value)
+        == "GraphRunner output_rows 'requests' gives 2 rows at 2 requests, but output 0 has 1 rows"
+    )
+
+
+def test_num_reqs_given_to_run_is_checked_under_run_s_name() -> None:
+    """``_run__mutmut_26``."""
+    runner = GraphRunner(_buffers(), _lens, output_rows="requests")
+    runner.capture()
+    with pytest.raises(RowsError, match=r"^run\(\): num_reqs=-1, but allowed: >= 0"):
+        runner.run(_batch([3, 4]), num_reqs=-1)
+
+
+def test_stats_key_capture_failures_by_size() -> None:
+    """``RunnerStats.as_dict__mutmut_15``."""
+
+    def fn(step: Step) -> torch.Tensor:
+        if step.size == 8 and step.graph is not None:
+            step.views["seq_lens"].sum().item()  # a host read: that size cannot be captured
+        return _lens(step)
+
+    runner = GraphRunner(_buffers(), fn, output_rows="requests", on_capture_error="eager")
+    runner.capture()
+    assert list(runner.stats.as_dict()["capture_failures"]) == ["8"]

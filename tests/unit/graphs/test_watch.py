@@ -125,3 +125,17 @@ def test_the_watch_holds_no_strong_reference() -> None:
     del t
     gc.collect()
     assert ref() is None and len(w) == 1
+
+
+def test_named_goes_on_past_a_dead_entry() -> None:
+    """A dead entry in the middle keeps its place; the live ones after it are still named."""
+    a, gone, c = torch.zeros(2), torch.zeros(2), torch.zeros(3)
+    w = Watch([("a", a), ("gone", gone), ("input 2", c)])
+    del gone
+    gc.collect()
+    assert w.named({"a": a}).labels == ("a", "gone", "input 2")
+    c.resize_(6)  # moved before naming: the name keeps the captured geometry, so the move is reported
+    n = w.named({"a": a, "positions": c})
+    assert n.labels == ("a", "gone", "positions")
+    with pytest.raises(LivenessError, match=r"^replay: gone "):
+        n.check()
