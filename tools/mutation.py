@@ -130,7 +130,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 #: module -> regular expression over mutmut's mutant names. (Staged uploads, ``Committer._upload``, run on
 #: the cpu too: ``staging=2``.)
 DEVICE_ONLY: dict[str, str] = {
-    "refresh.validate": r"_check_values_device__mutmut",
+    "refresh.validate": r"_check_values_device__mutmut|_check_device_layout__mutmut",
     "graphs.runner": r"ǁGraphRunnerǁ_warm__mutmut",
 }
 

@@ -94,3 +94,41 @@ def test_an_eager_step_above_the_table_finds_its_count_from_the_rows() -> None:
     src = {**_sources(20), "query_start_loc": np.zeros(21, np.int32)}  # within max_num_batched_tokens
     out = sb.eager_inputs(40, src)
     assert out["query_start_loc"].shape == (21,) and out["seq_lens"].shape == (20,)
+
+
+def test_a_max_without_a_min_is_checked() -> None:
+    """``_fitted__mutmut_59``: a buffer bounded above only still has its values checked."""
+    sb = _small(x={"dtype": "int32", "rows": "requests", "max": 10})
+    with pytest.raises(
+        RefreshError, match=r"^refresh\(size=4\): buffer 'x': value 11 at index \[1\] is above max 10"
+    ):
+        sb.refresh(4, {**_sources(2), "x": np.array([3, 11], np.int32)})
+
+
+def test_a_value_equal_to_the_max_is_accepted() -> None:
+    """``values_fit__mutmut_59``: the bound is inclusive."""
+    sb = _small()
+    sb.refresh(4, {**_sources(2), "seq_lens": np.array([64, 64], np.int32)})
+    assert sb.view(4)["seq_lens"].tolist() == [64, 64]
+
+
+def test_a_numpy_subclass_is_refused_under_the_call_s_name() -> None:
+    """``_typed__mutmut_86``."""
+
+    class Tagged(np.ndarray):
+        pass
+
+    src = {**_sources(2), "seq_lens": np.full(2, 3, np.int32).view(Tagged)}
+    with pytest.raises(RefreshError, match=r"^refresh\(size=4\): buffer 'seq_lens': numpy subclass Tagged"):
+        _small().refresh(4, src)
+
+
+def test_bound_rows_past_the_live_ones_are_not_value_checked() -> None:
+    """``live_fits__mutmut_15``: only the live region of a bound source is checked; rows past it may hold
+    anything (a server's persistent arrays do)."""
+    sb = StaticBuffers(GraphSpec.model_validate(PAGED_SPEC))
+    host = {"block_table": np.zeros((8, 8), np.int32), "seq_lens": np.full(8, 999, np.int32)}
+    host["seq_lens"][:3] = [4, 5, 6]
+    bound = sb.bind(host)
+    sb.refresh(4, bound, num_reqs=3)
+    assert sb.view(4)["seq_lens"].tolist() == [4, 5, 6, 0]
