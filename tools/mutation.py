@@ -52,6 +52,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/unit/buffers/test_refresh.py",
             "tests/unit/buffers/test_commit.py",
             "tests/unit/buffers/test_commit_pins.py",
+            "tests/unit/buffers/test_staged.py",
             "tests/unit/buffers/test_slab.py",
         ],
     ),

@@ -63,3 +63,28 @@ def test_a_repeat_last_buffer_with_no_live_row_holds_the_pad() -> None:
         assert sb.view(8)["positions"].tolist() == list(range(5, 13))
         sb.refresh(4, {**_batch(0), "positions": np.zeros(0, np.int32)})
     assert sb.view(8)["positions"].tolist() == [0] * 8
+
+
+def test_a_2_d_repeat_last_buffer_with_no_live_row_holds_the_pad() -> None:
+    """``write_live__mutmut_27`` (the 2-D branch): no live row, nothing repeated."""
+    spec = copy.deepcopy(PAGED_SPEC)
+    spec["buffers"]["pairs"] = {"dtype": "int32", "rows": "requests", "cols": 2, "pad": "repeat_last"}
+    sb = _sb(spec)
+    with numpy_path():
+        sb.refresh(8, {**_batch(8), "pairs": np.arange(16, dtype=np.int32).reshape(8, 2) + 1})
+        sb.refresh(4, {**_batch(0), "pairs": np.zeros((0, 2), np.int32)})
+    assert sb.view(8)["pairs"].tolist() == [[0, 0]] * 8
+
+
+def test_total_bytes_sum_every_refresh_staged_ones_included() -> None:
+    """``Committer.count__mutmut_4``: a staged commit adds its bytes to the total."""
+    sb = _sb()
+    totals = []
+    with numpy_path():
+        sb.refresh(4, _batch(3))
+        totals.append(sb.stats.last_bytes)
+        sb.stage("seq_lens").set(0, [7, 7, 7])
+        sb.refresh(4, {"block_table": np.ones((3, 8), np.int32)}, num_reqs=3)
+        totals.append(sb.stats.last_bytes)
+    assert totals[1] > 0 and sb.stats.total_bytes == sum(totals)
+    assert sb.view(4)["seq_lens"].tolist() == [7, 7, 7, 0]
