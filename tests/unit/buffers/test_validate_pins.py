@@ -132,3 +132,52 @@ def test_bound_rows_past_the_live_ones_are_not_value_checked() -> None:
     bound = sb.bind(host)
     sb.refresh(4, bound, num_reqs=3)
     assert sb.view(4)["seq_lens"].tolist() == [4, 5, 6, 0]
+
+
+def test_a_one_column_strided_view_is_accepted() -> None:
+    """``_check_layout__mutmut_16``: a last dim of one element has no element stride to check."""
+    sb = _small()
+    wide = np.zeros((2, 8), np.int32)
+    src = {**_sources(2), "block_table.a": wide[:, ::2][:, :1]}  # shape (2, 1), element stride 8 bytes
+    sb.refresh(4, src)
+    assert sb.view(4)["block_table.a"][:2, 0].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda: torch.nested.nested_tensor([torch.zeros(1), torch.zeros(1)]), "a nested tensor"),
+        (lambda: torch.tensor([1, 2], dtype=torch.int32).to_sparse(), "a sparse_coo tensor"),
+    ],
+)
+def test_tensors_of_other_layouts_are_named(make, what: str) -> None:
+    """``_check_tensor_kind__mutmut_2``/``_6``."""
+    with pytest.raises(
+        RefreshError, match=rf"^refresh\(size=4\): buffer 'seq_lens': {what}; allowed: a dense 1-D"
+    ):
+        _small().refresh(4, {**_sources(2), "seq_lens": make()})
+
+
+def test_a_list_of_numpy_unsigned_and_negative_integers_stays_signed() -> None:
+    """``_integers__mutmut_14``: uint64 only above int64's range and never with a negative value."""
+    sb = _small()
+    sb.refresh(4, {**_sources(2), "slot_mapping": [np.uint64(5), -1, 2, 3]})
+    assert sb.view(4)["slot_mapping"].tolist() == [5, -1, 2, 3]
+
+
+def test_a_tensor_subclass_is_refused_under_its_buffer_s_name() -> None:
+    """``_typed__mutmut_7``."""
+
+    class Tagged(torch.Tensor):
+        pass
+
+    src = {**_sources(2), "seq_lens": torch.tensor([3, 3], dtype=torch.int32).as_subclass(Tagged)}
+    with pytest.raises(RefreshError, match=r"^refresh\(size=4\): buffer 'seq_lens': tensor subclass Tagged"):
+        _small().refresh(4, src)
+
+
+def test_a_negative_num_reqs_for_an_eager_step_says_what_is_allowed() -> None:
+    """``check_num_reqs__mutmut_20``."""
+    with pytest.raises(RowsError) as err:
+        _small().eager_inputs(10, _sources(2), num_reqs=-1)
+    assert str(err.value) == "eager(size=10): num_reqs=-1, but allowed: >= 0"
