@@ -28,49 +28,22 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import compare, median_us, render_table, write_json
+from common import DECODE_GROUPS, compare, decode_spec, median_us, render_table, write_json
 
 from graphbuf import GraphSpec, StaticBuffers
 
 __all__ = ["main", "plot", "render", "run"]
 
 ENVELOPES = ((4096, 16), (32768, 64), (131072, 256), (524288, 256), (1048576, 256))
-GROUPS = ("full", "sliding")
+GROUPS = DECODE_GROUPS
 MIB = 1 << 20
 
 
 def spec(max_model_len: int, max_num_seqs: int) -> GraphSpec:
     sizes = [s for s in (1, 2, 4, 8, 16, 32, 64, 128, 256) if s <= max_num_seqs]
-    return GraphSpec.model_validate(
-        {
-            "version": 1,
-            "name": f"capacity-{max_model_len // 1024}K-x{max_num_seqs}",
-            "constants": {
-                "max_num_seqs": max_num_seqs,
-                "max_num_batched_tokens": max_num_seqs,
-                "block_size": 16,
-                "max_model_len": max_model_len,
-                "max_blocks": "cdiv(max_model_len, block_size)",
-                "num_blocks": 1 << 24,
-            },
-            "capture": {"tokens_per_request": 1, "sizes": sizes},
-            "groups": list(GROUPS),
-            "limits": {"max_bytes": 1 << 30},
-            "buffers": {
-                "block_table": {
-                    "dtype": "int32", "rows": "requests", "cols": "max_blocks", "per_group": True,
-                    "pad": 0, "min": 0, "max": "num_blocks - 1",
-                },
-                "seq_lens": {
-                    "dtype": "int32", "rows": "requests", "pad": 0, "min": 0, "max": "max_model_len",
-                },
-                "query_start_loc": {
-                    "dtype": "int32", "rows": "requests + 1", "pad": "repeat_last", "min": 0,
-                    "max": "max_num_batched_tokens",
-                },
-                "slot_mapping": {"dtype": "int64", "rows": "tokens", "pad": -1, "min": -1},
-            },
-        }
+    return decode_spec(
+        f"capacity-{max_model_len // 1024}K-x{max_num_seqs}", max_num_seqs=max_num_seqs, tokens_per_request=1,
+        block_size=16, max_model_len=max_model_len, sizes=sizes, slots_per_group=False,
     )  # fmt: skip
 
 

@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import render_table, write_json
+from common import DECODE_GROUPS, decode_spec, render_table, write_json
 
 from graphbuf import GraphSpec, StaticBuffers
 from graphbuf.testing_steps import DecodeBatch, Step, Write, stage_writes
@@ -52,41 +52,15 @@ REQUESTS = 256
 TPR = 4  # k = 3
 LIVE = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCKS = (128, 16)
-GROUPS = ("full", "sliding")
+GROUPS = DECODE_GROUPS
 QSL = "query_start_loc"
 
 
 def spec(block_size: int) -> GraphSpec:
     sizes = [TPR * r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-    return GraphSpec.model_validate(
-        {
-            "version": 1,
-            "name": f"steps-128K-x256-b{block_size}",
-            "constants": {
-                "max_num_seqs": REQUESTS, "max_num_batched_tokens": REQUESTS * TPR,
-                "block_size": block_size, "max_model_len": CONTEXT,
-                "max_blocks": "cdiv(max_model_len, block_size)", "num_blocks": 1 << 24,
-            },
-            "capture": {"tokens_per_request": TPR, "sizes": sizes},
-            "groups": list(GROUPS),
-            "limits": {"max_bytes": 1 << 30},
-            "buffers": {
-                "block_table": {
-                    "dtype": "int32", "rows": "requests", "cols": "max_blocks", "per_group": True,
-                    "pad": 0, "min": 0, "max": "num_blocks - 1",
-                },
-                "seq_lens": {
-                    "dtype": "int32", "rows": "requests", "pad": 0, "min": 0, "max": "max_model_len",
-                },
-                "query_start_loc": {
-                    "dtype": "int32", "rows": "requests + 1", "pad": "repeat_last", "min": 0,
-                    "max": "max_num_batched_tokens",
-                },
-                "slot_mapping": {
-                    "dtype": "int64", "rows": "tokens", "per_group": True, "pad": -1, "min": -1,
-                },
-            },
-        }
+    return decode_spec(
+        f"steps-128K-x256-b{block_size}", max_num_seqs=REQUESTS, tokens_per_request=TPR,
+        block_size=block_size, max_model_len=CONTEXT, sizes=sizes, slots_per_group=True,
     )  # fmt: skip
 
 

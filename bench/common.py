@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphbuf import GraphSpec
 from graphbuf.planning.planner import Plan
 
 __all__ = [
@@ -132,6 +133,55 @@ class StepBuffers:
     persistent: dict[str, torch.Tensor]
     widths: dict[str, int]
     live: int
+
+
+#: The KV groups of the vLLM-style decode specs the benchmarks build.
+DECODE_GROUPS = ("full", "sliding")
+
+
+def decode_spec(
+    name: str,
+    *,
+    max_num_seqs: int,
+    tokens_per_request: int,
+    block_size: int,
+    max_model_len: int,
+    sizes: list[int],
+    slots_per_group: bool,
+) -> GraphSpec:
+    """vLLM's decode metadata as a spec: a block table per KV group, ``seq_lens``, ``query_start_loc`` and
+    ``slot_mapping`` (one per group when ``slots_per_group``), at up to ``max_num_seqs`` requests."""
+    slot_mapping: dict[str, Any] = {"dtype": "int64", "rows": "tokens", "pad": -1, "min": -1}
+    if slots_per_group:
+        slot_mapping = {"dtype": "int64", "rows": "tokens", "per_group": True, "pad": -1, "min": -1}
+    return GraphSpec.model_validate(
+        {
+            "version": 1,
+            "name": name,
+            "constants": {
+                "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_seqs * tokens_per_request,
+                "block_size": block_size, "max_model_len": max_model_len,
+                "max_blocks": "cdiv(max_model_len, block_size)", "num_blocks": 1 << 24,
+            },
+            "capture": {"tokens_per_request": tokens_per_request, "sizes": sizes},
+            "groups": list(DECODE_GROUPS),
+            "limits": {"max_bytes": 1 << 30},
+            "buffers": {
+                "block_table": {
+                    "dtype": "int32", "rows": "requests", "cols": "max_blocks", "per_group": True,
+                    "pad": 0, "min": 0, "max": "num_blocks - 1",
+                },
+                "seq_lens": {
+                    "dtype": "int32", "rows": "requests", "pad": 0, "min": 0, "max": "max_model_len",
+                },
+                "query_start_loc": {
+                    "dtype": "int32", "rows": "requests + 1", "pad": "repeat_last", "min": 0,
+                    "max": "max_num_batched_tokens",
+                },
+                "slot_mapping": slot_mapping,
+            },
+        }
+    )  # fmt: skip
 
 
 def step_buffers(
