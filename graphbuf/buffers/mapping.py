@@ -86,5 +86,5 @@ def prepare_mapping(
     if (len(prepared) < len(layout.required) or not layout.required.issubset(sources)) and (
         not omit or not layout.required.issubset(omit.union(sources))
     ):
-        raise layout.missing_error(label, sources)
+        raise layout.missing_error(label, omit.union(sources))
     return prepared, live_requests(layout, prepared, size, num_reqs, label)

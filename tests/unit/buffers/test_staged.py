@@ -217,3 +217,48 @@ def test_a_staged_commit_is_one_scatter_per_element_size_not_per_buffer(
     assert sorted(calls) == [("torch.int32", 5), ("torch.int64", 4)]  # 3 buffers, 2 scatters
     assert b.full[BT][0, :4].tolist() == [1, 2, 3, 0]
     assert b.full["slot_mapping.full"][:5].tolist() == [0, 1, 2, 3, -1]
+
+
+def test_a_refresh_missing_a_buffer_names_only_the_unstaged_ones() -> None:
+    b = _buffers()
+    for name in b.names:
+        if name != "query_start_loc":
+            b.stage(name)
+    with pytest.raises(RefreshError) as got:
+        b.refresh(4, {}, num_reqs=1)
+    assert "missing buffer(s) query_start_loc;" in str(got.value)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_staged_commit_is_one_host_to_device_copy() -> None:
+    """A refresh uploads its staged buffers' changed cells in one copy and the buffers given whole in one
+    more (query_start_loc is repeat_last, never staged): two copies, never one per buffer."""
+    from torch.profiler import ProfilerActivity, profile
+
+    b = StaticBuffers(SPEC, overrides={"num_blocks": 64}, device="cuda")
+    k = 4
+
+    def step(i: int) -> None:
+        b.stage(BT).set(0, np.array([i % 64], np.int32), col=i % W)
+        b.stage("block_table.sliding").set(0, np.array([(i + 1) % 64], np.int32))
+        b.stage("seq_lens").set(0, np.array([4 + i], np.int32))
+        b.stage("slot_mapping.full").set(0, np.arange(4, dtype=np.int64) + i)
+        b.stage("slot_mapping.sliding").set(0, np.arange(4, dtype=np.int64) + 2 * i)
+        b.refresh(4, {"query_start_loc": np.array([0, 4], np.int32)}, num_reqs=1)
+
+    def htod() -> float:
+        for i in range(3):
+            step(i)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(k):
+                step(i)
+            torch.cuda.synchronize()
+        return sum(e.name.startswith("Memcpy HtoD") for e in prof.events()) / k
+
+    assert htod() == 2
+    for name in b.names:
+        if name != "query_start_loc":
+            h = b.stage(name).host
+            np.testing.assert_array_equal(b.full[name].cpu().numpy()[: h.shape[0]], h, err_msg=name)

@@ -1,7 +1,8 @@
 """Staged writes against full refreshes (issue 22 §2): after any sequence of decode steps (joins, growth
 across block boundaries, finishes, condensing row moves, swaps), staged commits mixed with full refreshes
 of the same buffers, and rejected commits, the captured buffers hold byte for byte what a full refresh of
-the same final host state writes. In place and staged, native kernel and numpy."""
+the same final host state writes. In place and staged, native kernel and numpy; on CUDA (staged writes on
+the device against full refreshes on the cpu) when a device is there."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -27,13 +29,16 @@ NAMES = {"slots": "slot_mapping", "offsets": "query_start_loc"}
 class StagedVsFull(RuleBasedStateMachine):
     staging: int | None = None
     kernel: Any = None
+    device: str = "cpu"
 
     def __init__(self) -> None:
         super().__init__()
         self._saved = native.KERNEL
         native.KERNEL = self.kernel
-        self.a = StaticBuffers(SPEC, overrides=OVERRIDES, staging=self.staging)  # staged writes
-        self.b = StaticBuffers(SPEC, overrides=OVERRIDES, staging=self.staging)  # full refreshes
+        # staged writes (on self.device), full refreshes (on the cpu)
+        self.a = StaticBuffers(SPEC, overrides=OVERRIDES, staging=self.staging, device=self.device)
+        cpu_staging = self.staging if self.device == "cpu" else None
+        self.b = StaticBuffers(SPEC, overrides=OVERRIDES, staging=cpu_staging)
         self.batch = DecodeBatch(self.a, **NAMES)
         self.stageable = [n for n in self.a.names if n != "query_start_loc"]
         self.steps = 0
@@ -102,12 +107,12 @@ class StagedVsFull(RuleBasedStateMachine):
         if not self.steps:
             return
         for name in self.a.names:
-            got, want = self.a.full[name], self.b.full[name]
+            got, want = self.a.full[name].cpu(), self.b.full[name]
             assert got.numpy().tobytes() == want.numpy().tobytes(), (name, got, want)
 
 
-def _machine(staging: int | None, kernel: Any) -> type[StagedVsFull]:
-    return type("M", (StagedVsFull,), {"staging": staging, "kernel": kernel})
+def _machine(staging: int | None, kernel: Any, device: str = "cpu") -> type[StagedVsFull]:
+    return type("M", (StagedVsFull,), {"staging": staging, "kernel": kernel, "device": device})
 
 
 @pytest.mark.parametrize("staging", [None, 2], ids=["in-place", "staged"])
@@ -116,5 +121,16 @@ def test_staged_writes_match_full_refreshes(staging: int | None, path: str) -> N
     if path == "native" and KERNEL is None:
         pytest.skip("the native kernel is not built here")
     machine = _machine(staging, KERNEL if path == "native" else None)
+    machine.TestCase.settings = settings(max_examples=12, stateful_step_count=20, deadline=None)
+    machine.TestCase().runTest()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("path", ["native", "numpy"])
+def test_staged_writes_on_cuda_match_full_refreshes_on_the_cpu(path: str) -> None:
+    if path == "native" and KERNEL is None:
+        pytest.skip("the native kernel is not built here")
+    machine = _machine(2, KERNEL if path == "native" else None, "cuda")
     machine.TestCase.settings = settings(max_examples=12, stateful_step_count=20, deadline=None)
     machine.TestCase().runTest()
