@@ -32,8 +32,9 @@ def _parse(device: Any, who: str) -> tuple[str, int | None]:
 
 
 def resolve_device(device: Any, who: str) -> torch.device:
-    """``device`` as a ``torch.device`` this machine has; ``who`` (e.g. ``"Graph('npu:1')"``) starts every
-    error message."""
+    """``device`` as a ``torch.device`` this machine has, with its index (``"cuda"``: the current device, so
+    that it compares equal to the device of the tensors made on it); ``who`` (e.g. ``"Graph('npu:1')"``)
+    starts every error message."""
     kind, index = _parse(device, who)
     if kind not in DEVICE_TYPES:
         raise UnknownDeviceError(f"{who}: unknown device {device!r}; allowed: {_ALLOWED}")
@@ -50,4 +51,4 @@ def resolve_device(device: Any, who: str) -> torch.device:
     count = mod.device_count() if mod is not None and mod.is_available() else 0
     if count == 0 or (index is not None and index >= count):
         raise DeviceUnavailableError(f"{who}: this machine has {count} {kind.upper()} device(s)")
-    return torch.device(kind, index) if index is not None else torch.device(kind)
+    return torch.device(kind, index if index is not None else mod.current_device())

@@ -221,14 +221,22 @@ class StaticBuffers:
         """Fresh device tensors for an eager step of ``size`` tokens (above the largest capture size, or a
         size that runs eagerly), validated exactly as :meth:`refresh` validates (same errors and messages,
         labelled ``eager(size=N)``) and padded as a refresh pads. Buffers not given (``keep: true``) are
-        the largest capture's views. No byte of the slab changes. The step's tensors are bounded by the
-        spec's ``limits.max_bytes`` (checked before anything is allocated), and ``num_reqs`` by ``size``."""
+        the largest capture's views; staged buffers left out of a mapping (with ``num_reqs``) give their
+        host state, staged writes included, which stay staged for the next refresh. No byte of the slab
+        changes. The step's tensors are bounded by the spec's ``limits.max_bytes`` (checked before anything
+        is allocated), and ``num_reqs`` by ``size``."""
         with self._guard.hold("eager_inputs()"):
             n = count_of(size)
             if n is None or n < 1:
                 raise RefreshError(f"eager(size={size!r}): allowed: a token count >= 1")
             label = where("eager", n)
             self._check_eager(label, n, num_reqs)
+            staged = self._staging.names
+            if staged and num_reqs is not None and isinstance(sources, Mapping):
+                left_out = staged.difference(sources)
+                if left_out:
+                    reqs = check_num_reqs(num_reqs, None, label)
+                    sources = {**sources, **self._staging.host_sources(sorted(left_out), n, reqs)}
             prepared, _ = self._prepare(label, n, sources, num_reqs, widths, None)
             out = build_eager(self.layout, prepared, n, self.device)
             largest = self._views[self.capture_sizes[-1]]

@@ -33,7 +33,7 @@ capture sizes take full refreshes only (:meth:`StagingArea.buffer` says so).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -461,6 +461,17 @@ class StagingArea:
         h = StagedBuffer(self, m)
         self._handles[name] = h
         return h
+
+    def host_sources(self, names: Iterable[str], size: int, n: int) -> dict[str, np.ndarray]:
+        """Copies of the host states of staged buffers ``names`` for a step of ``n`` requests at ``size``
+        tokens (an eager step reads them; nothing is committed). A step needing more rows than the
+        allocation holds gets them all, and its check names the shortfall."""
+        out = {}
+        for name in names:
+            m = self._mirrors[name]
+            live = m.rows if m.slot.rows_of_requests is None else self.layout.rows_at(m.slot, size, n)
+            out[name] = m.host[:live].copy()
+        return out
 
     def prepare(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_Plan]:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;

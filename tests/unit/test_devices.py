@@ -57,3 +57,16 @@ def test_npu_without_torch_npu_says_what_failed(monkeypatch: pytest.MonkeyPatch,
 
 def test_the_known_device_types() -> None:
     assert DEVICE_TYPES == ("cpu", "cuda", "npu")
+
+
+def test_an_accelerator_without_an_index_resolves_to_the_current_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A tensor made on "cuda" is on cuda:<current>; a device without its index would not compare equal
+    # to it (seen on an H200: "source is on cuda:0; allowed: host memory or cuda").
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert resolve_device("cuda", "t") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0", "t") == torch.device("cuda", 0)
+    assert resolve_device(torch.device("cuda"), "t") == torch.device("cuda", 1)

@@ -59,9 +59,6 @@ def _decode_kernel(
     scale: float,
     seq_lens_kv: list[int],
 ) -> None:
-    if query.device.type == "cuda":  # no task re-issue on cuda: read the device lengths
-        _dense_decode_kernel(query, key_cache, value_cache, block_table, seq_lens, out, scale=scale)
-        return
     # Software paged decode with the NPU kernel's contract: KV lengths come from the host list baked at
     # capture, and only the blocks they need are read.
     decode_into(
@@ -164,6 +161,10 @@ class LargeHeadBinding:
             return out[:b]
         if kernels.uses_npu_kernels(query):
             return self._decode_npu(step, query[:b], key_cache, value_cache, bt, lens, out[:b])
+        if query.device.type == "cuda":  # a CUDA graph re-issues no task: no host arguments, device lengths
+            kernel = functools.partial(_dense_decode_kernel, scale=self.scale)
+            step.task(TaskKind.ATTENTION, kernel, query[:b], key_cache, value_cache, bt, lens, out[:b])
+            return out[:b]
         step.task(
             TaskKind.ATTENTION, _decode_kernel, query[:b], key_cache, value_cache, bt, lens, out[:b],
             scale=self.scale, seq_lens_kv=[0] * b,

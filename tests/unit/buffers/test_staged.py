@@ -262,3 +262,24 @@ def test_on_cuda_a_staged_commit_is_one_host_to_device_copy() -> None:
         if name != "query_start_loc":
             h = b.stage(name).host
             np.testing.assert_array_equal(b.full[name].cpu().numpy()[: h.shape[0]], h, err_msg=name)
+
+
+def test_an_eager_step_reads_staged_host_state_and_leaves_the_writes_staged(buffers: StaticBuffers) -> None:
+    # A runner runs a capture size eagerly when its capture failed (seen on an H200): a staged step there
+    # must see what the staged writes say, exactly as if the buffers were given whole.
+    b = buffers
+    b.refresh(8, {**_rest(2), BT: np.zeros((2, W), np.int32), "seq_lens": np.array([3, 4], np.int32)})
+    b.stage(BT).set(1, np.array([7, 8], np.int32), col=1)
+    b.stage("seq_lens").set(0, np.array([9, 10], np.int32))
+    before = _state(b)
+    got = b.eager_inputs(8, {"query_start_loc": np.array([0, 4, 8], np.int32), **_rest(2, slots=True)},
+                         num_reqs=2)  # fmt: skip
+    table = np.zeros((2, W), np.int32)
+    table[1, 1:3] = [7, 8]
+    want = b.eager_inputs(8, {**_rest(2), BT: table, "seq_lens": np.array([9, 10], np.int32)}, num_reqs=2)
+    for name in b.names:
+        assert torch.equal(got[name], want[name]), name
+    assert _state(b) == before and b.stage(BT).pending and b.stage("seq_lens").pending
+    with pytest.raises(RefreshError, match="above max"):
+        b.stage("seq_lens").set(1, np.array([5501], np.int32))
+        b.eager_inputs(8, {"query_start_loc": np.array([0, 4, 8], np.int32), **_rest(2)}, num_reqs=2)

@@ -120,3 +120,21 @@ def test_run_drill_report_renders(example: Path) -> None:
     report = run_drill(str(example), replays=8, seed=2)
     text = report.render()
     assert report.ok and text.splitlines()[0].startswith("graphbuf drill: example on cpu")
+
+
+def test_on_an_accelerator_one_rounding_step_of_the_output_is_not_an_error() -> None:
+    # Seen on an H200: the padded replay and the live-rows reference round float32 sums to bfloat16 after
+    # kernels of different reduction orders; one bf16 step apart (2**-9 at 0.3) is the same result.
+    want = torch.tensor([0.3, -2.0, 0.0], dtype=torch.bfloat16)
+    one = torch.tensor([0.3 + 2**-9, -2.0 - 2**-6, 0.0], dtype=torch.bfloat16)
+    assert one.ne(want).sum() == 2
+    assert drill.output_error(one, want, rounding=True) == 0.0
+    assert drill.output_error(one, want, rounding=False) == 2**-6
+    two = torch.tensor([0.3 + 2**-7, -2.0, 1e-3], dtype=torch.bfloat16)
+    assert drill.output_error(two, want, rounding=True) > 1e-4  # past one step, and any change from 0
+    ints = torch.tensor([1, 2])
+    assert drill.output_error(ints + 1, ints, rounding=True) == 1.0
+    assert drill.DrillSession("gemma4-31b-it-mtp", capture=False).rounding is False
+    report = drill.DrillReport(spec="s", device="cuda:0", tasks=["t"], tolerance=1e-4, rows={}, rounding=True)
+    assert "tolerance 0.0001 past one rounding step of the output dtype" in report.render()
+    assert report.as_dict()["rounding"] is True
