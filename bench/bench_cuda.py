@@ -136,6 +136,7 @@ def _refresh_part(p: Plan, device: torch.device, sizes: Sequence[int], quick: bo
                 iters=200 if quick else 2000,
             )
             _sync(device)
+            print(f"refresh size {size} {fill}: host {t['host']:.1f} µs", file=sys.stderr, flush=True)
             rows.append(
                 {
                     "size": size,
@@ -206,6 +207,8 @@ def _replay_task(
         err = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
         iters = (10 if quick else 100) if device.type == "cuda" else 2
         t = compare({"replay": replay, "eager": eager}, iters=iters, rounds=min(5, iters), warmup=2)
+        print(f"{mode} size {size}: replay {t['replay']:.1f} µs, eager {t['eager']:.1f} µs", file=sys.stderr,
+              flush=True)  # fmt: skip
         rows.append(
             {
                 "task": mode,

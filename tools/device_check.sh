@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a lent CUDA machine runs (the `device` tool's `run`, from the repo root, with `.whl` carried):
-# graphbuf's CUDA tests, bench/bench_cuda.py, and both drills on cuda. Not part of CI. Each stage has its own
+# graphbuf's CUDA tests, bench/bench_cuda.py, and both drills on cuda; `tools/device_check.sh STAGE...` runs
+# only the stages named (pytest bench_cuda drill drill_staged model_drill). Not part of CI. Each stage has its own
 # time limit and writes one log under $OUT; a failing stage does not stop the next.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -30,10 +31,19 @@ stage() {  # stage NAME LIMIT CMD...: run CMD under LIMIT seconds into $OUT/NAME
   echo "stage $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/$name.log" >> "$log"
 }
 
-stage pytest 150 python3 -m pytest -q -m cuda -rs -p no:cacheprovider --continue-on-collection-errors \
-  -n 8 tests
-stage bench_cuda 100 python3 bench/bench_cuda.py --json "$OUT/bench_cuda.json"
-stage drill 90 python3 -m graphbuf drill gemma4-31b-it-mtp --device cuda
-stage drill_staged 50 python3 -m graphbuf drill gemma4-31b-it-mtp --device cuda --staged --replays 20
-stage model_drill 80 python3 -m graphbuf drill gemma4-31b-it-mtp --model tiny --device cuda
+run_stage() {
+  case $1 in
+    pytest) stage pytest 150 python3 -m pytest -q -m cuda -rs -p no:cacheprovider --continue-on-collection-errors \
+      -n 8 tests ;;
+    bench_cuda) stage bench_cuda 170 python3 bench/bench_cuda.py --quick --json "$OUT/bench_cuda.json" ;;
+    drill) stage drill 90 python3 -m graphbuf drill gemma4-31b-it-mtp --device cuda ;;
+    drill_staged) stage drill_staged 50 python3 -m graphbuf drill gemma4-31b-it-mtp --device cuda --staged \
+      --replays 20 ;;
+    model_drill) stage model_drill 80 python3 -m graphbuf drill gemma4-31b-it-mtp --model tiny --device cuda ;;
+    *) echo "unknown stage $1" >> "$log" ;;
+  esac
+}
+for s in "${@:-pytest bench_cuda drill drill_staged model_drill}"; do
+  for one in $s; do run_stage "$one"; done
+done
 cat "$log"
