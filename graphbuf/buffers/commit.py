@@ -112,9 +112,6 @@ class Committer:
                 for img in images
             ]  # fmt: skip
             self._targets = [[_np_view(t, s) for t, s in zip(views, layout.order)] for views in self._stage_t]
-        # Staged: per staging copy, the pinned memory its touched rectangles are packed in for the upload.
-        self._pin = slab.device.type != "cpu"
-        self._packs: list[torch.Tensor | None] = [None] * max(1, staging or 1)
         # What the native write takes besides the targets: pad bytes by slot index, and per capture size
         # the last row a repeat_last buffer fills (0 for the others).
         self._pads = tuple(s.pad.tobytes() for s in layout.order)
@@ -210,33 +207,12 @@ class Committer:
         return moved
 
     def _upload(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> None:
-        """The touched rectangles of staging copy ``k`` in one host-to-device copy: packed into pinned
-        memory (fenced by the same event as the copy), uploaded, then copied into place on the device."""
         staged = self._stage_t[k]
-        parts = []  # (device rectangle, its staged rectangle, offset in the pack)
-        total = 0
-        for (slot, _, _, _, _), _, r, c in touched:
-            if r and c:
-                dst, src = self._full[slot.index], staged[slot.index]
-                d, h = (dst[:r, :c], src[:r, :c]) if dst.dim() == 2 else (dst[:r], src[:r])
-                at = (total + 15) & ~15
-                parts.append((d, h, at))
-                total = at + h.numel() * h.element_size()
-        if len(parts) == 1:
-            parts[0][0].copy_(parts[0][1], non_blocking=True)
-        elif parts:
-            pack = self._packs[k]
-            if pack is None or pack.numel() < total:
-                pack = torch.empty(total, dtype=torch.uint8, pin_memory=self._pin)
-                self._packs[k] = pack
-            for _, h, at in parts:
-                pack[at : at + h.numel() * h.element_size()].view(h.dtype).view(h.shape).copy_(h)
-            up = pack[:total].to(self.device, non_blocking=True)
-            for d, h, at in parts:
-                d.copy_(up[at : at + h.numel() * h.element_size()].view(h.dtype).view(h.shape))
-        for (slot, _, dev, n, w), end, _, c in touched:
-            dst = self._full[slot.index]
+        for (slot, _, dev, n, w), end, r, c in touched:
+            dst, src = self._full[slot.index], staged[slot.index]
             wide = dst.dim() == 2
+            if r and c:
+                (dst[:r, :c] if wide else dst[:r]).copy_(src[:r, :c] if wide else src[:r], non_blocking=True)
             if dev is not None:  # device-resident source: its live cells, then its repeated rows
                 (dst[:n, :w] if wide else dst[:n]).copy_(dev, non_blocking=True)
                 if slot.repeat_last and n and end > n:
