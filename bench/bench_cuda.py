@@ -9,7 +9,10 @@ Usage: ``python bench/bench_cuda.py [--quick] [--json PATH]``. Without CUDA it p
   ``Memcpy HtoD`` activities, ``cudaMemcpyAsync`` runtime calls inside the refresh ranges, and any other
   device memcpy/memset activity. Target: exactly one host-to-device copy per refresh. The device contents are
   checked once against a cpu refresh of the same sources. The same counts are taken for a refresh of the
-  persistent buffers bound once (``StaticBuffers.bind``), column "HtoD bound".
+  persistent buffers bound once (``StaticBuffers.bind``), column "HtoD bound". Measured on an H200
+  (2026-12-04): one copy per touched buffer (6 on this spec), not one; packing the rectangles into one
+  upload made that 1 but cost more host time than it saved (530-560 µs against 145-313 µs), so it was
+  reverted.
 * Refresh µs: host time of ``refresh`` (it returns once the upload is queued) and refresh + synchronize.
 * Replay vs eager: ``Gemma4AttentionTask`` decode and verify (2 full-attention layers, Nq 16, Nkv 2,
   head dim 512, bf16) through ``GraphRunner`` on ``StaticBuffers(..., device="cuda")`` at each capture size,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
@@ -131,6 +132,25 @@ def test_cuda_benchmark_code_paths_run_on_the_cpu_device() -> None:
     assert {r["task"] for r in res["replay"]} == {"decode", "verify"}
     assert all(r["max_abs_diff_replay_vs_eager"] == 0 for r in res["replay"])
     assert "bound µs" in bench_cuda.render(res)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_benchmark_on_cuda_captures_both_gemma4_tasks_and_counts_uploads() -> None:
+    """On a GPU (an H200 found both: sources on ``cuda:0`` refused for buffers on ``cuda``; Gemma4 decode
+    capturing host arguments a CUDA graph cannot re-issue): refresh contents equal a cpu refresh, both tasks
+    capture and replay what eager computes, and each refresh's uploads are counted."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_cuda
+    finally:
+        sys.path.remove(str(BENCH))
+    res = bench_cuda.run(quick=True, device="cuda", sizes=(4,))
+    assert not res["skipped"]
+    for r in res["refresh"]:
+        assert 1 <= r["htod_copies_per_refresh"] <= 6  # one per touched buffer, at most
+    assert {r["task"] for r in res["replay"]} == {"decode", "verify"}
+    assert all(r["max_abs_diff_replay_vs_eager"] == 0 for r in res["replay"])
 
 
 def test_decode_results_follow_live_context_and_match_the_plan(
