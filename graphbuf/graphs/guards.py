@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphbuf.errors import CaptureError
+from graphbuf.graphs.modes import DispatchMode
 
 __all__ = ["DispatchGuard", "HostReadGuard", "capture_guards", "check_dispatch", "op_overloads", "poison"]
 
@@ -277,7 +277,7 @@ def _tensors(values: Iterable[Any]) -> Iterator[torch.Tensor]:
             yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
-class DispatchGuard(TorchDispatchMode):
+class DispatchGuard(DispatchMode):
     """Torch-dispatch mode that applies :func:`check_dispatch` to every aten op and then runs it.
 
     ``inputs``: every tensor an op received that no op under this guard produced (the tensors from before

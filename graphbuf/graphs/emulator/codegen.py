@@ -104,10 +104,59 @@ def _expr(value: Any, const: Callable[[Any], str]) -> str:
     return const(value)
 
 
-def generate(calls: Sequence[Call], inputs: Sequence[Slot]) -> tuple[Callable[..., None], str]:
-    """Compile ``calls`` into one function. ``inputs`` (input slots) are its parameters, in order (extra
-    arguments are ignored); transient slots are its locals, deleted after their last use; static slots,
-    callables and host values are globals of its namespace."""
+#: What :func:`generate` keeps of one compilation for the next: per segment, its source and its function.
+Compiled = list[tuple[str, Callable[..., None]]]
+
+
+def generate(
+    segments: Sequence[Sequence[Call]], inputs: Sequence[Slot], previous: Compiled | None = None
+) -> tuple[Callable[..., None], str, Compiled]:
+    """Compile ``segments`` (runs of calls, in order) into one replay function. ``inputs`` (input slots) are
+    its parameters, in order (extra arguments are ignored); transient slots are locals of the segment that
+    makes them, deleted after their last use, and pass to later segments through one dict; static slots,
+    callables and host values are globals of each segment's namespace. Each segment is compiled on its
+    own, and one whose source equals its source in ``previous`` keeps its compiled function: re-issuing a
+    task recompiles only what changed. Returns the replay function, its source and what to pass as
+    ``previous`` next time."""
+    flat = [call for seg in segments for call in seg]
+    reads = [call.reads() for call in flat]
+    last: dict[int, int] = {}
+    for i, used in enumerate(reads):
+        for index in used:
+            last[index] = i
+    compiled: Compiled = []
+    defined: dict[int, int] = {}  # transient slot -> segment that binds it
+    at = 0
+    for number, seg in enumerate(segments):
+        text, namespace = _segment(seg, at, number, reads, last, defined)
+        if previous is not None and number < len(previous) and previous[number][0] == text:
+            compiled.append(previous[number])
+        else:
+            exec(compile(text, f"<graphbuf replay, segment {number}>", "exec"), namespace)
+            compiled.append((text, namespace["_segment"]))
+        at += len(seg)
+    indices = tuple(slot.index for slot in inputs)
+    functions = tuple(fn for _, fn in compiled)
+
+    def _replay(*live: Any) -> None:
+        named = dict(zip(indices, live))
+        passed: dict[int, Any] = {}
+        for fn in functions:
+            fn(passed, named)
+
+    return _replay, "\n".join(text for text, _ in compiled), compiled
+
+
+def _segment(
+    calls: Sequence[Call],
+    at: int,
+    number: int,
+    reads: Sequence[list[int]],
+    last: Mapping[int, int],
+    defined: dict[int, int],
+) -> tuple[str, dict[str, Any]]:
+    """Source and namespace of one segment: calls ``at .. at + len(calls) - 1`` of the recording.
+    ``defined`` (transient slot -> the segment binding it) is updated with the slots this one binds."""
     namespace: dict[str, Any] = {"__builtins__": {}}
 
     def const(obj: Any) -> str:
@@ -115,20 +164,27 @@ def generate(calls: Sequence[Call], inputs: Sequence[Slot]) -> tuple[Callable[..
         namespace[name] = obj
         return name
 
-    reads = [call.reads() for call in calls]
-    last: dict[int, int] = {}
-    for i, used in enumerate(reads):
-        for index in used:
-            last[index] = i
+    stop = at + len(calls)
     copy = const(TENSOR_COPY)
-    defined: set[int] = set()
+    head: list[str] = []
+    local: set[int] = set()
+    params: set[int] = set()
     lines: list[str] = []
-    for i, call in enumerate(calls):
-        missing = [index for index in reads[i] if index not in defined]
-        if missing:
-            raise RuntimeError(
-                f"graphbuf emulator: replay would read transient slots {missing} before they exist"
-            )
+    for i, call in enumerate(calls, start=at):
+        for index in reads[i]:
+            if index in local:
+                continue
+            if index not in defined:
+                raise RuntimeError(
+                    f"graphbuf emulator: replay would read transient slots {[index]} before they exist"
+                )
+            # Bound by an earlier segment: taken from the dict (removed there at its last use).
+            head.append(f"v{index} = _t.pop({index})" if last[index] < stop else f"v{index} = _t[{index}]")
+            local.add(index)
+        for slot in call.arg_slots:
+            if slot.input and slot.index not in params:
+                params.add(slot.index)
+                head.append(f"a{slot.index} = _a[{slot.index}]")
         text, consts = call.render()
         namespace.update(consts)
         binds: list[tuple[str, str]] = []
@@ -137,7 +193,8 @@ def generate(calls: Sequence[Call], inputs: Sequence[Slot]) -> tuple[Callable[..
             if slot.transient:
                 if last.get(slot.index, -1) > i:
                     binds.append((sub, f"v{slot.index}"))
-                    defined.add(slot.index)
+                    local.add(slot.index)
+                    defined[slot.index] = number
             elif slot.index in call.copies:
                 copies.append((sub, const(slot.tensor)))
         if not binds and not copies:
@@ -152,8 +209,11 @@ def generate(calls: Sequence[Call], inputs: Sequence[Slot]) -> tuple[Callable[..
         dead = sorted({index for index in reads[i] if last[index] == i})
         if dead:
             lines.append("del " + ", ".join(f"v{index}" for index in dead))
-    body = "\n".join(f"    {line}" for line in lines) or "    pass"
-    params = "".join(f"a{slot.index}, " for slot in inputs)
-    source = f"def _replay({params}*_):\n{body}\n"
-    exec(compile(source, "<graphbuf replay>", "exec"), namespace)
-    return namespace["_replay"], source
+    # Bound here, read by a later segment: handed on through the dict.
+    tail = [
+        f"_t[{index}] = v{index}"
+        for index in sorted(local)
+        if defined.get(index) == number and last[index] >= stop
+    ]
+    body = "\n".join(f"    {line}" for line in head + lines + tail) or "    pass"
+    return f"def _segment(_t, _a):\n{body}\n", namespace

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from graphbuf.graphs.modes import DispatchMode
 
 # --------------------------------------------------------------------------------------------------------
 # Op analysis (cached per OpOverload)
@@ -232,7 +233,7 @@ class _ProbeHit(Exception):
     """Stops a probed call at its first dispatched op, before any kernel runs."""
 
 
-class _Probe(TorchDispatchMode):
+class _Probe(DispatchMode):
     def __init__(self, func: torch._ops.OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         super().__init__()
         self.expected = (func, args, kwargs)

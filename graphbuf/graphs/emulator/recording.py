@@ -9,7 +9,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphbuf.errors import CaptureError
 from graphbuf.graphs.emulator.ops import (
@@ -25,6 +24,7 @@ from graphbuf.graphs.emulator.ops import (
 from graphbuf.graphs.emulator.shortcuts import CHECK_AT_RECORD_BYTES, RECIPES, find_recipe
 from graphbuf.graphs.emulator.slots import Group, Node, Seq, Slot
 from graphbuf.graphs.guards import check_dispatch
+from graphbuf.graphs.modes import DispatchMode
 
 
 class Registry(Protocol):
@@ -67,7 +67,7 @@ def recording_active() -> bool:
     return getattr(STATE, "recording", False)
 
 
-class Recorder(TorchDispatchMode):
+class Recorder(DispatchMode):
     """Runs each aten op, records it as a node over slots, and snapshots pre-existing memory it writes."""
 
     def __init__(self, emulator: Registry, segment: Segment, restore: bool) -> None:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import torch
 
 from graphbuf.errors import CaptureError, LivenessError
-from graphbuf.graphs.emulator.codegen import Call, generate
+from graphbuf.graphs.emulator.codegen import Call, Compiled, generate
 from graphbuf.graphs.emulator.ops import bind, binding, call_parts
 from graphbuf.graphs.emulator.recording import STATE, Recorder, Segment, recording_active
 from graphbuf.graphs.emulator.shortcuts import MISSING, RECIPES, Recipe, find_recipe, recipe_calls
@@ -56,6 +56,7 @@ class Emulator:
         self._names: dict[str, weakref.ref[torch.Tensor]] = {}
         self._num_steps = 0
         self._source = ""
+        self._compiled: Compiled | None = None  # per segment: source and function, reused when unchanged
         self._captured = False
         self._recorder: Recorder | None = None
 
@@ -136,6 +137,7 @@ class Emulator:
         self._replay = None
         self._num_steps = 0
         self._source = ""
+        self._compiled = None
         self._captured = False
         self._watch = Watch()
         self._names = {}
@@ -346,7 +348,8 @@ class Emulator:
         return recipe
 
     def _compile(self) -> None:
-        calls = [call for seg in self._segments for node in seg.nodes for call in node.calls]
+        segments = [[call for node in seg.nodes for call in node.calls] for seg in self._segments]
+        calls = [call for seg in segments for call in seg]
         inputs: dict[int, Slot] = {}
         for call in calls:
             for slot in call.arg_slots + call.result_slots:
@@ -364,7 +367,7 @@ class Emulator:
             entries.append((f"capture input #{k} ({str(t.dtype).removeprefix('torch.')} {list(t.shape)})", t))
         names = {label: t for label, ref in self._names.items() if (t := ref()) is not None}
         watch = Watch(entries).named(names) if names else Watch(entries)
-        self._replay, self._source = generate(calls, ordered)
+        self._replay, self._source, self._compiled = generate(segments, ordered, self._compiled)
         self._watch = watch
         self._num_steps = len(calls)
         for slot in ordered:
