@@ -34,6 +34,7 @@ class OpInfo:
     uninitialized: bool  # allocates without writing (empty, empty_like, ...)
     restrides: bool  # may change a written tensor's metadata: an out= argument or resize_/set_
     seeded: bool  # random: two runs legitimately differ
+    tensors_out: bool  # every return is a Tensor (not a list, scalar or optional)
 
 
 _INFOS: dict[torch._ops.OpOverload, OpInfo] = {}
@@ -56,6 +57,7 @@ def op_info(func: torch._ops.OpOverload) -> OpInfo:
             uninitialized=name in _UNINITIALIZED,
             restrides=name in _RESTRIDING or any(a.is_out for a in schema.arguments),
             seeded=torch.Tag.nondeterministic_seeded in tags,
+            tensors_out=bool(schema.returns) and all(str(r.type) == "Tensor" for r in schema.returns),
         )
         _INFOS[func] = info
     return info
@@ -305,3 +307,22 @@ def uses_binding(
             pass
         verdict = _BINDINGS[key] = probe.match
     return verdict
+
+
+def _meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_meta(v) for v in value)
+    return value
+
+
+def shaped_like_result(
+    func: torch._ops.OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any], device: torch.device
+) -> Any:
+    """What ``func(*args, **kwargs)`` returns, uninitialized: the results' sizes, strides and dtypes from
+    the op's meta kernel, nothing computed (NotImplementedError where the op has no meta kernel)."""
+    out = func(*_meta(list(args)), **{k: _meta(v) for k, v in kwargs.items()})
+    if isinstance(out, torch.Tensor):
+        return torch.empty_strided(out.size(), out.stride(), dtype=out.dtype, device=device)
+    return tuple(torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device) for t in out)

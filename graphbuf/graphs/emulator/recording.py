@@ -17,6 +17,7 @@ from graphbuf.graphs.emulator.ops import (
     is_composite,
     nbytes,
     op_info,
+    shaped_like_result,
     tensor_geometry,
     tensors_in,
     uses_binding,
@@ -25,6 +26,10 @@ from graphbuf.graphs.emulator.shortcuts import CHECK_AT_RECORD_BYTES, RECIPES, f
 from graphbuf.graphs.emulator.slots import Group, Node, Seq, Slot
 from graphbuf.graphs.guards import check_dispatch
 from graphbuf.graphs.modes import DispatchMode
+
+#: A dry recording computes functional ops whose tensor arguments hold at most this many bytes (their meta
+#: kernels can cost more than the op) and shapes the others without computing them.
+DRY_FROM_BYTES = 1 << 16
 
 
 class Registry(Protocol):
@@ -70,8 +75,11 @@ def recording_active() -> bool:
 class Recorder(DispatchMode):
     """Runs each aten op, records it as a node over slots, and snapshots pre-existing memory it writes."""
 
-    def __init__(self, emulator: Registry, segment: Segment, restore: bool) -> None:
+    def __init__(self, emulator: Registry, segment: Segment, restore: bool, dry: bool = False) -> None:
         super().__init__()
+        # dry: record without computing, as a device records a task update: functional ops give
+        # uninitialized results of the right geometry, writes are skipped (they would be restored anyway).
+        self.dry = dry
         self.emulator = emulator
         self.segment = segment
         self._restore = restore
@@ -111,7 +119,7 @@ class Recorder(DispatchMode):
             if info.restrides
             else []
         )
-        result = func(*args, **kwargs)
+        result = self._run(func, info, args, kwargs, bound) if self.dry else func(*args, **kwargs)
         # A created tensor whose metadata changes (t_, resize_, an out= resize) keeps its recorded geometry
         # only as this object: hold it, so it stays static and replay uses the object itself.
         for t, geometry in watch:
@@ -122,6 +130,32 @@ class Recorder(DispatchMode):
                 self._pin(slots[id(t)], t)
         self._record(func, info, args, kwargs, bound, slots, result)
         return result
+
+    def _run(
+        self,
+        func: torch._ops.OpOverload,
+        info: OpInfo,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        bound: Mapping[str, Any],
+    ) -> Any:
+        """A dry op: views, metadata changes, resizes, random and non-tensor ops run; the rest not."""
+        if info.seeded or info.inplace_view or info.restrides or not info.tensors_out:
+            return func(*args, **kwargs)
+        if info.writes:
+            if len(info.writes) != len(info.returns_alias) or not all(info.returns_alias):
+                return func(*args, **kwargs)
+            written = [bound[name] for name in info.writes]  # in-place: what the op returns is its target
+            return written[0] if len(written) == 1 else tuple(written)
+        if any(info.returns_alias):
+            return func(*args, **kwargs)
+        tensors = tensors_in(bound.values())
+        if not tensors or nbytes(tensors) <= DRY_FROM_BYTES:  # cheaper computed than shaped by meta
+            return func(*args, **kwargs)
+        try:
+            return shaped_like_result(func, args, kwargs, tensors[0].device)
+        except NotImplementedError:
+            return func(*args, **kwargs)
 
     # ---- slots ----------------------------------------------------------------------------------------
 

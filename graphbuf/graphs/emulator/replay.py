@@ -216,19 +216,27 @@ class Emulator:
         old = self._segments[group]
         if old.group != group:
             raise CaptureError(f"{group} is not a task group of this capture")
-        seg = Segment(group, old.label)
-        recorder = Recorder(self, seg, self._restore)
-        STATE.recording = True
-        ok = False
-        try:
-            with HostReadGuard(strict_cpu=True), recorder:
-                run()
-            ok = True
-        finally:
-            STATE.recording = False
-            recorder.restore()
-            if not ok:
-                recorder.discard()
+        # Recorded dry (nothing computed, as a device records a task update); an op that fails on the
+        # uninitialized values that leaves sends the whole update back to a recording that computes.
+        for dry in (True, False):
+            seg = Segment(group, old.label)
+            recorder = Recorder(self, seg, self._restore, dry=dry)
+            STATE.recording = True
+            ok = False
+            try:
+                with HostReadGuard(strict_cpu=True), recorder:
+                    run()
+                ok = True
+            except Exception:
+                if not dry:
+                    raise
+            finally:
+                STATE.recording = False
+                recorder.restore()
+                if not ok:
+                    recorder.discard()
+            if ok:
+                break
         try:
             self._settle(recorder, [seg])
             self._segments[group] = seg

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.overrides import _get_current_function_mode_stack
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
+import graphbuf.graphs.emulator.recording as recording
 from graphbuf.errors import CaptureError, DeviceUnavailableError, LivenessError
 from graphbuf.graphs.emulator import Emulator
 from graphbuf.graphs.graph import Graph
@@ -507,6 +508,63 @@ def test_task_update_releases_the_old_recording() -> None:
         assert g.emulator.slots == before  # the replaced group's slots are gone, nothing accumulates
         g.replay()
         assert torch.allclose(out, x * factor)
+
+
+class _Ops(TorchDispatchMode):
+    """Below the recorder: the ops it runs, with the device of their first tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        self.seen.append((func.overloadpacket.__name__, first.device.type if first is not None else "-"))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_task_update_is_recorded_without_computing_the_task() -> None:
+    # As a device records a task update: the big matmul is shaped (on meta), not run; replay computes it.
+    a = torch.randn(256, 256)
+    out = torch.zeros(256, 256)
+
+    def task(src: torch.Tensor, dst: torch.Tensor, *, factor: float) -> None:
+        dst.copy_(torch.mm(src, src) * factor)
+
+    g = Graph("cpu")
+    with g.capture():
+        handle = g.task("custom", task, a, out, factor=1.0)
+    g.replay()
+    before = out.clone()
+    with _Ops() as ops:
+        handle.update(factor=2.0)
+    assert ("mm", "meta") in ops.seen and ("mm", "cpu") not in ops.seen, ops.seen
+    assert torch.equal(out, before)  # the update wrote nothing
+    g.replay()
+    torch.testing.assert_close(out, torch.mm(a, a) * 2.0)
+
+
+def test_an_update_that_fails_uncomputed_is_recorded_again_computing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An op that fails on the uninitialized values of an uncomputed recording (say, indices taken from a
+    # big intermediate): the update is recorded again, computing, and replays what eager gives.
+    def fails(*args: object, **kwargs: object) -> None:
+        raise IndexError("index out of range in self")
+
+    monkeypatch.setattr(recording, "shaped_like_result", fails)
+    a = torch.randn(256, 256)
+    out = torch.zeros(256, 256)
+
+    def task(src: torch.Tensor, dst: torch.Tensor, *, factor: float) -> None:
+        dst.copy_(torch.mm(src, src) * factor)
+
+    g = Graph("cpu")
+    with g.capture():
+        handle = g.task("custom", task, a, out, factor=1.0)
+    with _Ops() as ops:
+        handle.update(factor=3.0)
+    assert ("mm", "cpu") in ops.seen  # the second recording computed
+    g.replay()
+    torch.testing.assert_close(out, torch.mm(a, a) * 3.0)
 
 
 # ---- facade --------------------------------------------------------------------------------------------
