@@ -142,6 +142,9 @@ def run(replays: int = 60, seed: int = 0, threads: int = 0) -> dict[str, Any]:
 
     if threads > 0:
         torch.set_num_threads(threads)
+    from graphbuf.drill.allocator import keep_freed_memory
+
+    heap = keep_freed_memory()  # as `graphbuf drill` does
     clock = PhaseClock()
     clock.seconds["import"] = import_s
     fixed: dict[tuple[Any, str], str] = {
@@ -183,6 +186,7 @@ def run(replays: int = 60, seed: int = 0, threads: int = 0) -> dict[str, Any]:
         "drill_s": round(drill_s, 3),
         "total_s": round(total, 3),
         "torch_threads": torch.get_num_threads(),
+        "heap_kept": heap,
         "cpus": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "python": platform.python_version(),

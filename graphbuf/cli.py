@@ -248,6 +248,9 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
 
 def _cmd_drill(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
+    from graphbuf.drill.allocator import keep_freed_memory
+
+    keep_freed_memory()  # a drill is a process of its own: its attention temporaries reuse heap memory
     if args.model is not None:  # the whole-model drill (graphbuf/drill/model, needs the `model` extra)
         from graphbuf.drill.model import run_model_drill_cli
 

@@ -9,7 +9,7 @@ wraps ``torch.npu.NPUGraph`` (torch_npu is imported lazily); ``Graph("cpu")`` is
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any
 
 import torch
@@ -85,6 +85,9 @@ class _CpuBackend:
     def update_task(self, task: CapturedTask, host: Mapping[str, object]) -> None:
         kwargs = thaw_host_args(host)
         self.emulator.rerecord_group(task.handle, lambda: task.fn(*task.tensor_args, **kwargs))  # type: ignore[arg-type]
+
+    def updating(self) -> AbstractContextManager[None]:
+        return self.emulator.updating()
 
 
 class _DeviceBackend:
@@ -217,6 +220,9 @@ class _DeviceBackend:
                 task.handle, task.fn, task.tensor_args, thaw_host_args(host), self._update_stream()
             )  # type: ignore[arg-type]
 
+    def updating(self) -> AbstractContextManager[None]:
+        return nullcontext()  # each task update goes to the device as it comes
+
 
 class Graph:
     """A device graph: ``with g.capture(): ...`` records once, ``g.replay()`` re-runs the recording.
@@ -284,14 +290,15 @@ class Graph:
         it holds, merged over them; tasks of other kinds, or with nothing new, are not re-issued. Returns the
         number of tasks re-issued."""
         count = 0
-        for task in self._tasks:
-            fresh = host_args.get(str(task.kind))
-            if not fresh:
-                continue
-            merged = {**task.host_args, **fresh}
-            if merged != dict(task.host_args):
-                task.update(**merged)
-                count += 1
+        with self._backend.updating():  # the cpu emulator compiles the updated recording once
+            for task in self._tasks:
+                fresh = host_args.get(str(task.kind))
+                if not fresh:
+                    continue
+                merged = {**task.host_args, **fresh}
+                if merged != dict(task.host_args):
+                    task.update(**merged)
+                    count += 1
         return count
 
     @contextmanager
@@ -400,8 +407,9 @@ class Graph:
         many were updated."""
         task_kind = TaskKind.parse(kind)
         matching = [t for t in self._tasks if t.kind is task_kind]
-        for t in matching:
-            t.update(**host_args)
+        with self._backend.updating():
+            for t in matching:
+                t.update(**host_args)
         return len(matching)
 
     def _reissue(self, task: CapturedTask, host: Mapping[str, object]) -> None:

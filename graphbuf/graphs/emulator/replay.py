@@ -57,6 +57,8 @@ class Emulator:
         self._num_steps = 0
         self._source = ""
         self._compiled: Compiled | None = None  # per segment: source and function, reused when unchanged
+        self._deferred: list[Segment] | None = None  # inside updating(): the groups replaced so far
+        self._stale = False  # a group was replaced and the replay function not compiled since
         self._captured = False
         self._recorder: Recorder | None = None
 
@@ -138,6 +140,7 @@ class Emulator:
         self._num_steps = 0
         self._source = ""
         self._compiled = None
+        self._stale = False
         self._captured = False
         self._watch = Watch()
         self._names = {}
@@ -240,13 +243,39 @@ class Emulator:
         try:
             self._settle(recorder, [seg])
             self._segments[group] = seg
-            self._compile()
+            if self._deferred is None:
+                self._compile()
         except BaseException:
             self._segments[group] = old
             recorder.discard()
-            self._compile()
+            if self._deferred is None:
+                self._compile()
             raise
+        if self._deferred is not None:
+            self._deferred.append(old)
+            self._stale = True
+            return
         self.forget(old.slots, old.groups)
+
+    @contextmanager
+    def updating(self) -> Iterator[None]:
+        """Re-issue several task groups (:meth:`rerecord_group`) with one compilation, on leaving. A
+        compilation that fails then (a tensor the recording reads was freed) is tried again, and raises
+        again, at the next replay."""
+        if self._deferred is not None:  # nested: the outer one compiles
+            yield
+            return
+        self._deferred = []
+        try:
+            yield
+        finally:
+            replaced, self._deferred = self._deferred, None
+            try:
+                if self._stale:
+                    self._compile()
+            finally:
+                for old in replaced:
+                    self.forget(old.slots, old.groups)
 
     def task_label(self, group: int) -> str:
         """The label of task group ``group``."""
@@ -376,6 +405,7 @@ class Emulator:
         names = {label: t for label, ref in self._names.items() if (t := ref()) is not None}
         watch = Watch(entries).named(names) if names else Watch(entries)
         self._replay, self._source, self._compiled = generate(segments, ordered, self._compiled)
+        self._stale = False
         self._watch = watch
         self._num_steps = len(calls)
         for slot in ordered:
@@ -404,6 +434,8 @@ class Emulator:
         graph would read its old memory)."""
         if not self._captured or self._replay is None:
             raise CaptureError("replay() before a completed capture")
+        if self._stale:
+            self._compile()
         live = checked
         if live is None or live.watch is not self._watch:
             live = self._watch.check("replay")

@@ -12,6 +12,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 import graphbuf.graphs.emulator.recording as recording
+import graphbuf.graphs.emulator.replay as replay_module
 from graphbuf.errors import CaptureError, DeviceUnavailableError, LivenessError
 from graphbuf.graphs.emulator import Emulator
 from graphbuf.graphs.graph import Graph
@@ -542,6 +543,29 @@ def test_a_task_update_is_recorded_without_computing_the_task() -> None:
     assert torch.equal(out, before)  # the update wrote nothing
     g.replay()
     torch.testing.assert_close(out, torch.mm(a, a) * 2.0)
+
+
+def test_a_step_s_task_updates_are_compiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.arange(4.0)
+    outs = [torch.zeros(4), torch.zeros(4)]
+
+    def scaled(src: torch.Tensor, dst: torch.Tensor, *, factor: float) -> None:
+        dst.copy_(src * factor)
+
+    g = Graph("cpu")
+    with g.capture():
+        for out in outs:
+            g.task("custom", scaled, x, out, factor=1.0)
+    compiled = []
+    real = replay_module.generate
+    monkeypatch.setattr(replay_module, "generate", lambda *a: compiled.append(1) or real(*a))
+    assert g.reissue({"custom": {"factor": 3.0}}) == 2
+    assert len(compiled) == 1  # two groups re-recorded, one compilation
+    g.replay()
+    assert all(torch.equal(out, x * 3.0) for out in outs)
+    assert g.update_tasks("custom", factor=5.0) == 2 and len(compiled) == 2
+    g.replay()
+    assert all(torch.equal(out, x * 5.0) for out in outs)
 
 
 def test_an_update_that_fails_uncomputed_is_recorded_again_computing(monkeypatch: pytest.MonkeyPatch) -> None:
