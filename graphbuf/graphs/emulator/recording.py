@@ -312,7 +312,7 @@ class Recorder(DispatchMode):
             all_new,
         )
         node.binding = uses_binding(func, info, args, kwargs, bound)
-        if all_new and not info.writes and nbytes(values) <= CHECK_AT_RECORD_BYTES:
+        if all_new and not info.writes and not self.dry and nbytes(values) <= CHECK_AT_RECORD_BYTES:
             # Cheap now, on the exact inputs; needed only if the results turn out static.
             key = node.recipe_key()
             if key not in RECIPES:

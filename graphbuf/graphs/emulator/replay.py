@@ -220,8 +220,9 @@ class Emulator:
         if old.group != group:
             raise CaptureError(f"{group} is not a task group of this capture")
         # Recorded dry (nothing computed, as a device records a task update); an op that fails on the
-        # uninitialized values that leaves sends the whole update back to a recording that computes.
-        for dry in (True, False):
+        # uninitialized values that leaves sends the whole update back to a recording that computes. Not
+        # without restore_inputs: there the update's writes to earlier tensors are kept, so they must run.
+        for dry in (True, False) if self._restore else (False,):
             seg = Segment(group, old.label)
             recorder = Recorder(self, seg, self._restore, dry=dry)
             STATE.recording = True

@@ -644,3 +644,17 @@ def test_emulator_without_restore_applies_capture_writes_once() -> None:
     assert counter.item() == 1.0
     em.replay()
     assert counter.item() == 2.0
+
+
+def test_without_restore_a_task_update_applies_its_writes_once() -> None:
+    counter = torch.zeros(1)
+    em = Emulator(restore_inputs=False)
+    with em.capture():
+        group = em.begin_group("custom")
+        counter.add_(1)
+        em.end_group(group)
+    assert counter.item() == 1.0
+    em.rerecord_group(group, lambda: counter.add_(10))
+    assert counter.item() == 11.0  # computed, not recorded dry: without restore its writes are kept
+    em.replay()
+    assert counter.item() == 21.0
