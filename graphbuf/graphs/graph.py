@@ -52,8 +52,8 @@ class _CpuBackend:
         return self.emulator.captured
 
     @contextmanager
-    def capture(self, pool: object, stream: object) -> Iterator[None]:
-        with self.emulator.capture():
+    def capture(self, pool: object, stream: object, dry: bool = False) -> Iterator[None]:
+        with self.emulator.capture(dry=dry):
             yield
 
     def replay(self, tasks: Sequence[CapturedTask], checked: Checked | None) -> None:
@@ -111,7 +111,7 @@ class _DeviceBackend:
         return torch.cuda.CUDAGraph() if self.kind == "cuda" else self.module.NPUGraph()
 
     @contextmanager
-    def capture(self, pool: object, stream: object) -> Iterator[None]:
+    def capture(self, pool: object, stream: object, dry: bool = False) -> Iterator[None]:
         if pool is None:
             pool = self.pool_handle
         graph = self._new_graph()
@@ -302,10 +302,15 @@ class Graph:
         return count
 
     @contextmanager
-    def capture(self, *, pool: object = None, stream: object = None) -> Iterator[Graph]:
+    def capture(
+        self, *, pool: object = None, stream: object = None, dry: bool = False
+    ) -> Iterator[Graph]:
         """Record the body. ``pool``: a handle from another graph's :meth:`pool` to share its memory pool;
-        ``stream``: the capture stream (cuda/npu; both ignored on cpu). Raises :class:`CaptureError` if
-        already captured (call :meth:`reset` first) or already capturing."""
+        ``stream``: the capture stream (cuda/npu; both ignored on cpu). ``dry`` (cpu): record without
+        computing, as a device captures (functional ops shaped by their meta kernels, writes to earlier
+        tensors skipped); an op the uncomputed values make fail raises, and a capture without ``dry`` then
+        computes. Raises :class:`CaptureError` if already captured (call :meth:`reset` first) or already
+        capturing."""
         if self._capturing:
             raise CaptureError("capture() is already active on this graph")
         if self.captured:
@@ -313,7 +318,7 @@ class Graph:
         self._invalidate_tasks()
         self._capturing = True
         try:
-            with self._backend.capture(pool, stream):
+            with self._backend.capture(pool, stream, dry):
                 yield self
         except BaseException:
             self._invalidate_tasks()

@@ -264,10 +264,16 @@ class GraphRunner:
             try:
                 for _ in range(self.warmup):
                     self._warm(step)
-                graph = Graph(self.device)
-                with graph.capture(pool=pool):
-                    output = self.fn(Step(size, views, graph, args, size // self._tpr))
-                self._check_output(output)
+                dry = self.device.type == "cpu"  # the emulator records without computing, as a device does
+                try:
+                    graph, output = self._capture_size(size, views, args, pool, dry=dry)
+                except Exception:
+                    if not dry:
+                        raise
+                    with torch.no_grad():  # an op failed on uncomputed values: capture computing
+                        for name, t in self.buffers.full.items():
+                            t.copy_(saved[name])
+                    graph, output = self._capture_size(size, views, args, pool, dry=False)
             except Exception as exc:
                 with torch.no_grad():
                     for name, t in self.buffers.full.items():
@@ -290,6 +296,15 @@ class GraphRunner:
                 pool = graph.pool()
             graph.name_inputs({f"buffer {name!r} at size {size}": t for name, t in views.items()})
             self._graphs[size] = _Captured(graph, output)
+
+    def _capture_size(
+        self, size: int, views: Mapping[str, torch.Tensor], args: Mapping[str, Any], pool: object, dry: bool
+    ) -> tuple[Graph, Output]:
+        graph = Graph(self.device)
+        with graph.capture(pool=pool, dry=dry):
+            output = self.fn(Step(size, views, graph, args, size // self._tpr))
+        self._check_output(output)
+        return graph, output
 
     def _warm(self, step: Step) -> None:
         stream = getattr(torch, self.device.type).Stream()

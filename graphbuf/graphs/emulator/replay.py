@@ -146,8 +146,10 @@ class Emulator:
         self._names = {}
 
     @contextmanager
-    def capture(self) -> Iterator[None]:
-        """Record every aten op run in the body, under the capture guards (strict about ``.cpu()``)."""
+    def capture(self, *, dry: bool = False) -> Iterator[None]:
+        """Record every aten op run in the body, under the capture guards (strict about ``.cpu()``).
+        ``dry``: without computing (see :class:`Recorder`; not without ``restore_inputs``, whose capture
+        applies its writes)."""
         if self.capturing:
             raise CaptureError("capture() is already active on this emulator")
         if self._captured:
@@ -155,7 +157,7 @@ class Emulator:
         if recording_active():
             raise CaptureError("nested capture: another graph is capturing on this thread")
         self._clear()
-        recorder = Recorder(self, Segment(None), self._restore)
+        recorder = Recorder(self, Segment(None), self._restore, dry=dry and self._restore)
         self._segments = [recorder.segment]
         self._recorder = recorder
         STATE.recording = True

@@ -658,3 +658,14 @@ def test_without_restore_a_task_update_applies_its_writes_once() -> None:
     assert counter.item() == 11.0  # computed, not recorded dry: without restore its writes are kept
     em.replay()
     assert counter.item() == 21.0
+
+
+def test_a_dry_capture_computes_nothing_and_replays_what_eager_gives() -> None:
+    a = torch.randn(256, 256)
+    with _Ops() as ops:
+        g = Graph("cpu")
+        with g.capture(dry=True):
+            y = torch.mm(a, a).relu()
+    assert ("mm", "meta") in ops.seen and ("mm", "cpu") not in ops.seen, ops.seen
+    g.replay()
+    torch.testing.assert_close(y, torch.mm(a, a).relu())

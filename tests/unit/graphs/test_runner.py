@@ -8,6 +8,7 @@ import torch
 from paged_spec import PAGED_SPEC as SPEC
 
 import graphbuf
+import graphbuf.graphs.emulator.recording as recording
 from graphbuf import (
     CaptureError,
     ConcurrentUseError,
@@ -272,3 +273,28 @@ def test_graph_device_errors(device: str, error: type[Exception]) -> None:
     with pytest.raises(error, match=device.split(":")[0]) as info:
         Graph(device)
     assert isinstance(info.value, graphbuf.GraphbufError)
+
+
+def test_a_capture_the_uncomputed_values_make_fail_is_taken_again_computing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The runner captures dry on the cpu (as a device captures); an op failing there (say, a gather by
+    # uncomputed indices) makes it capture that size again, computing: no size is lost.
+    failed = []
+
+    def fails(*args: object, **kwargs: object) -> None:
+        failed.append(1)
+        raise IndexError("index out of range in self")
+
+    def big(step: Step) -> torch.Tensor:
+        wide = step.views["block_table"].float().repeat(1, 4096)  # over the dry threshold: shaped, not run
+        return wide.sum(1) / 4096 + step.views["seq_lens"].float() * 2
+
+    monkeypatch.setattr(recording, "shaped_like_result", fails)
+    runner = GraphRunner(make_buffers(), big, output_rows="requests")
+    runner.capture()
+    assert runner.captured_sizes == (2, 4, 8) and not runner.stats.capture_failures
+    assert len(failed) == 3  # each size's dry capture failed once
+    src = batch(3, 5)
+    want = src["block_table"].sum(1).float() + src["seq_lens"].float() * 2
+    torch.testing.assert_close(runner.run(src), want)
