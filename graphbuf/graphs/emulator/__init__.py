@@ -13,7 +13,11 @@ the recorded ops the way a CUDA or NPU graph replays kernels on fixed addresses:
 - replay runs no Python of the captured function: it is one generated function of pre-resolved op calls;
 - like a device graph, capture does not change anything that existed before it: every tensor that existed
   before capture and was written during capture is restored when capture ends (tensors created during
-  capture keep their capture-time values until the first replay rewrites them).
+  capture keep their capture-time values until the first replay rewrites them);
+- like a device graph, a dry capture (``capture(dry=True)``) and a task update compute nothing: functional
+  ops over more than 64 KiB get uninitialized results shaped by their meta kernels and writes to earlier
+  tensors are skipped; an op that fails on such values fails the capture (a task update is then recorded
+  again, computing).
 
 Tensors are told apart by a registry of slots keyed by ``id`` and checked against a weak reference (so a
 reused ``id`` is never mistaken for a dead tensor); tensors that existed before capture (inputs) are held
