@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
@@ -524,8 +525,8 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_task_update_is_recorded_without_computing_the_task() -> None:
-    # As a device records a task update: the big matmul is shaped (on meta), not run; replay computes it.
+def _matmul_task() -> tuple[Graph, Any, torch.Tensor, torch.Tensor]:
+    """A graph of one task, ``out = a @ a * factor``: (graph, its task, a, out)."""
     a = torch.randn(256, 256)
     out = torch.zeros(256, 256)
 
@@ -535,6 +536,12 @@ def test_a_task_update_is_recorded_without_computing_the_task() -> None:
     g = Graph("cpu")
     with g.capture():
         handle = g.task("custom", task, a, out, factor=1.0)
+    return g, handle, a, out
+
+
+def test_a_task_update_is_recorded_without_computing_the_task() -> None:
+    # As a device records a task update: the big matmul is shaped (on meta), not run; replay computes it.
+    g, handle, a, out = _matmul_task()
     g.replay()
     before = out.clone()
     with _Ops() as ops:
@@ -575,15 +582,7 @@ def test_an_update_that_fails_uncomputed_is_recorded_again_computing(monkeypatch
         raise IndexError("index out of range in self")
 
     monkeypatch.setattr(recording, "shaped_like_result", fails)
-    a = torch.randn(256, 256)
-    out = torch.zeros(256, 256)
-
-    def task(src: torch.Tensor, dst: torch.Tensor, *, factor: float) -> None:
-        dst.copy_(torch.mm(src, src) * factor)
-
-    g = Graph("cpu")
-    with g.capture():
-        handle = g.task("custom", task, a, out, factor=1.0)
+    g, handle, a, out = _matmul_task()
     with _Ops() as ops:
         handle.update(factor=3.0)
     assert ("mm", "cpu") in ops.seen  # the second recording computed
