@@ -153,17 +153,13 @@ class LargeHeadBinding:
         bt = self.block_table(step.views)
         lens = step.views["seq_lens"]
         b = bt.shape[0]
-        if self.decode_mode == "dense":
-            step.task(
-                TaskKind.CUSTOM, _dense_decode_kernel, query[:b], key_cache, value_cache, bt, lens, out[:b],
-                scale=self.scale,
-            )  # fmt: skip
-            return out[:b]
-        if kernels.uses_npu_kernels(query):
+        if kernels.uses_npu_kernels(query) and self.decode_mode != "dense":
             return self._decode_npu(step, query[:b], key_cache, value_cache, bt, lens, out[:b])
-        if query.device.type == "cuda":  # a CUDA graph re-issues no task: no host arguments, device lengths
+        # Dense, and paged on cuda (a CUDA graph re-issues no task): device lengths, no host arguments.
+        if self.decode_mode == "dense" or query.device.type == "cuda":
+            kind = TaskKind.CUSTOM if self.decode_mode == "dense" else TaskKind.ATTENTION
             kernel = functools.partial(_dense_decode_kernel, scale=self.scale)
-            step.task(TaskKind.ATTENTION, kernel, query[:b], key_cache, value_cache, bt, lens, out[:b])
+            step.task(kind, kernel, query[:b], key_cache, value_cache, bt, lens, out[:b])
             return out[:b]
         step.task(
             TaskKind.ATTENTION, _decode_kernel, query[:b], key_cache, value_cache, bt, lens, out[:b],

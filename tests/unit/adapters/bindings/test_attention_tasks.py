@@ -206,6 +206,8 @@ def test_dense_decode_task_reads_device_lengths_without_host_args() -> None:
         torch.testing.assert_close(got, reference(task, src["block_table.full"], src["seq_lens"]))
     graph = runner._graphs[runner.size_for(2)].graph
     assert [t.kind for t in graph.tasks] == [TaskKind.CUSTOM]
+    # None at all, the scale included: a CUDA graph refuses a task with host arguments at capture.
+    assert [dict(t.host_args) for t in graph.tasks] == [{}]
     with pytest.raises(ValueError, match="decode_mode 'pagd'; allowed: paged, dense"):
         LargeHeadBinding(q_len=1, head_dim=64, decode_mode="pagd")
 
