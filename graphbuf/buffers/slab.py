@@ -230,20 +230,20 @@ class StaticBuffers:
             if n is None or n < 1:
                 raise RefreshError(f"eager(size={size!r}): allowed: a token count >= 1")
             label = where("eager", n)
-            self._check_eager(label, n, num_reqs)
+            reqs = self._check_eager(label, n, num_reqs)
             staged = self._staging.names
-            if staged and num_reqs is not None and isinstance(sources, Mapping):
+            if staged and reqs is not None and isinstance(sources, Mapping):
                 left_out = staged.difference(sources)
                 if left_out:
-                    reqs = check_num_reqs(num_reqs, None, label)
                     sources = {**sources, **self._staging.host_sources(sorted(left_out), n, reqs)}
             prepared, _ = self._prepare(label, n, sources, num_reqs, widths, None)
             out = build_eager(self.layout, prepared, n, self.device)
             largest = self._views[self.capture_sizes[-1]]
             return {name: out[name] if name in out else largest[name] for name in self.names}
 
-    def _check_eager(self, label: str, size: int, num_reqs: Any) -> None:
-        """An eager step of ``size`` tokens fits ``limits.max_bytes`` and holds ``num_reqs`` requests."""
+    def _check_eager(self, label: str, size: int, num_reqs: Any) -> int | None:
+        """An eager step of ``size`` tokens fits ``limits.max_bytes`` and holds ``num_reqs`` requests;
+        returns ``num_reqs`` checked (None if not given)."""
         limit = self.plan.max_bytes
         try:
             need = self.layout.eager_bytes(size, limit)
@@ -262,6 +262,7 @@ class StaticBuffers:
             raise RowsError(
                 f"{label}: num_reqs={n}, but an eager step of {size} tokens holds 0..{cap} requests"
             )
+        return n
 
     def _prepare(
         self,

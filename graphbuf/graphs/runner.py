@@ -270,14 +270,10 @@ class GraphRunner:
                 except Exception:
                     if not dry:
                         raise
-                    with torch.no_grad():  # an op failed on uncomputed values: capture computing
-                        for name, t in self.buffers.full.items():
-                            t.copy_(saved[name])
+                    self._restore(saved)  # an op failed on uncomputed values: capture computing
                     graph, output = self._capture_size(size, views, args, pool, dry=False)
             except Exception as exc:
-                with torch.no_grad():
-                    for name, t in self.buffers.full.items():
-                        t.copy_(saved[name])
+                self._restore(saved)
                 cause = f"{type(exc).__name__}: {exc}"
                 if self.on_capture_error == "raise":
                     raise CaptureError(
@@ -296,6 +292,11 @@ class GraphRunner:
                 pool = graph.pool()
             graph.name_inputs({f"buffer {name!r} at size {size}": t for name, t in views.items()})
             self._graphs[size] = _Captured(graph, output)
+
+    def _restore(self, saved: Mapping[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, t in self.buffers.full.items():
+                t.copy_(saved[name])
 
     def _capture_size(
         self, size: int, views: Mapping[str, torch.Tensor], args: Mapping[str, Any], pool: object, dry: bool
