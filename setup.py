@@ -1,7 +1,8 @@
-"""Build of the optional native refresh kernel; everything else is declared in pyproject.toml.
+"""Build of the optional native kernels; everything else is declared in pyproject.toml.
 
-``graphbuf.buffers._native`` is optional: without a C compiler the install still succeeds and refresh
-takes its numpy path (``graphbuf.buffers.native.KERNEL`` is None).
+``graphbuf.buffers._native`` (the refresh kernel) and ``graphbuf.buffers._staged`` (staged writes) are
+optional: without a C compiler the install still succeeds and refresh and staged writes take their
+Python/numpy paths (``graphbuf.buffers.native.KERNEL`` and ``STAGED`` are None).
 """
 
 import sys
@@ -17,6 +18,12 @@ setup(
             ["graphbuf/buffers/_native.c"],
             extra_compile_args=FLAGS,
             optional=True,
-        )
+        ),
+        Extension(
+            "graphbuf.buffers._staged",
+            ["graphbuf/buffers/_staged.c"],
+            extra_compile_args=FLAGS,
+            optional=True,
+        ),
     ]
 )

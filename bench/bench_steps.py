@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import DECODE_GROUPS, decode_spec, render_table, write_json
 
 from graphbuf import GraphSpec, StaticBuffers
-from graphbuf.testing_steps import DecodeBatch, Step, Write, stage_writes
+from graphbuf.testing_steps import DecodeBatch, Step, Write
 
 __all__ = ["main", "plot", "render", "run"]
 
@@ -242,13 +242,14 @@ class Staged:
 
     def __init__(self, sb: StaticBuffers) -> None:
         self.sb = sb
-        for name in sb.names:
-            if name != QSL:
-                sb.stage(name)
+        # A server keeps its handles (as vLLM keeps its BlockTable): stage() once per buffer.
+        self.handles = {name: sb.stage(name) for name in sb.names if name != QSL}
         self.bytes = 0
 
     def __call__(self, size: int, n: int, writes: list[Write], qsl: np.ndarray) -> None:
-        stage_writes(self.sb, writes)
+        handles = self.handles
+        for name, op, args in writes:
+            getattr(handles[name], op)(*args)
         self.sb.refresh(size, {QSL: qsl}, num_reqs=n)
         self.bytes = self.sb.stats.last_bytes
 

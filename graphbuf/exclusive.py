@@ -16,11 +16,13 @@ class Exclusive:
     """A non-blocking lock: ``with guard.hold("refresh()"):`` runs the block, or raises
     :class:`ConcurrentUseError` (``busy`` formatted with ``{call}``) while another caller holds it."""
 
-    __slots__ = ("_busy", "_lock", "release")
+    __slots__ = ("_busy", "_lock", "lock", "release")
 
     def __init__(self, busy: str) -> None:
         self._busy = busy
         self._lock = threading.Lock()
+        #: The lock itself, for native callers that take it without waiting (``acquire(False)``).
+        self.lock = self._lock
         #: Release the guard taken by :meth:`enter` (the lock's own method: no Python frame on the hot path).
         self.release = self._lock.release
 
@@ -29,6 +31,10 @@ class Exclusive:
         (the form :meth:`graphbuf.StaticBuffers.refresh` uses: two calls fewer per refresh)."""
         if not self._lock.acquire(blocking=False):
             raise ConcurrentUseError(self._busy.format(call=call))
+
+    def busy(self, call: str) -> ConcurrentUseError:
+        """The error a second caller of ``call`` gets."""
+        return ConcurrentUseError(self._busy.format(call=call))
 
     def hold(self, call: str) -> Exclusive:
         """Take the guard for ``call``; the ``with`` block that follows releases it."""

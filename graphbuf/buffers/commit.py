@@ -146,6 +146,12 @@ class Committer:
         """The high-water mark (rows, cols) of the buffer at slot ``index``."""
         return self._rows[index], self._cols[index]
 
+    @property
+    def marks(self) -> tuple[list[int], list[int]]:
+        """Every buffer's marks, rows and cols by slot index: the lists themselves, which a native staged
+        commit (:mod:`~graphbuf.buffers.staged`) updates in place."""
+        return self._rows, self._cols
+
     def set_mark(self, index: int, rows: int, cols: int) -> None:
         """Set that mark after a write outside :meth:`write` (:mod:`~graphbuf.buffers.staged`)."""
         self._rows[index], self._cols[index] = rows, cols

@@ -57,13 +57,14 @@ def prepare_mapping(
     *,
     strict: bool,
     device: torch.device,
-    omit: frozenset[str] = frozenset(),
+    required: frozenset[str] | None = None,
 ) -> tuple[list[Prepared], int]:
     """Validate every source of ``sources`` (as :func:`read_call` returns it) at ``size`` tokens; return
     them prepared and the live count.
 
     ``size`` is a capture size, or (eager) any token count; then ``num_reqs`` has no upper limit.
-    ``omit``: buffers that may be left out (staged buffers, committed from their host state).
+    ``required``: the buffers that must be given (default: every buffer not declared ``keep: true``; a
+    refresh with staged buffers leaves those out: they are committed from their host state).
     """
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
@@ -83,8 +84,7 @@ def prepare_mapping(
             else p
             for p, (name, src) in zip(prepared, sources.items())
         ]
-    if (len(prepared) < len(layout.required) or not layout.required.issubset(sources)) and (
-        not omit or not layout.required.issubset(omit.union(sources))
-    ):
-        raise layout.missing_error(label, omit.union(sources))
+    need = layout.required if required is None else required
+    if not need.issubset(sources):
+        raise layout.missing_error(label, layout.required.difference(need).union(sources))
     return prepared, live_requests(layout, prepared, size, num_reqs, label)

@@ -1,4 +1,4 @@
-"""The native refresh kernel (``graphbuf/buffers/_native.c``), when it was built.
+"""The native kernels (``graphbuf/buffers/_native.c``, ``graphbuf/buffers/_staged.c``), when they were built.
 
 :data:`KERNEL` is the compiled module, or None: the install had no C compiler, or ``GRAPHBUF_NATIVE=0``
 was set before import. Either way a refresh writes the same bytes and raises the same errors; the kernel
@@ -14,25 +14,33 @@ numpy calls. Its functions:
   for every item, resolved and range-checked before the first byte is written; None, with nothing
   written, when an item needs a cast it does not do, a source is misaligned, or a source shares bytes
   with a buffer the write touches (the numpy write handles those).
+
+The staged-write kernel (:data:`STAGED`) holds a staged buffer's host state and changed cells in C: its
+write methods take plain arguments without a Python frame, and ``commit`` checks and writes a refresh's
+staged cells in one call each (see the header of ``_staged.c``). The Python host state writes the same
+bytes and raises the same errors.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
-__all__ = ["KERNEL"]
+__all__ = ["KERNEL", "STAGED"]
 
 
-def _load() -> ModuleType | None:
+def _load(name: str) -> ModuleType | None:
     if os.environ.get("GRAPHBUF_NATIVE", "1") == "0":
         return None
     try:
-        from graphbuf.buffers import _native
+        return importlib.import_module(f"graphbuf.buffers.{name}")
     except ImportError:
         return None
-    return _native
 
 
-#: The compiled kernel, or None (numpy path). Read at call time, so tests may swap it.
-KERNEL: ModuleType | None = _load()
+#: The compiled refresh kernel, or None (numpy path). Read at call time, so tests may swap it.
+KERNEL: ModuleType | None = _load("_native")
+#: The compiled staged-write host state (``_staged.Staged``, ``_staged.commit``), or None (the Python host
+#: state, :mod:`graphbuf.buffers.staged`). Read when a staged buffer is made, so tests may swap it.
+STAGED: ModuleType | None = _load("_staged")

@@ -201,13 +201,20 @@ class StaticBuffers:
     def _refresh(self, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
         """Prepare (every check, staged cells included), then commit (every write)."""
         staging = self._staging
-        prepared, live = self._prepare(
-            self._labels[size], size, sources, num_reqs, widths, strict, omit=staging.names
-        )
-        staged = staging.prepare(prepared, size, live, self._labels[size]) if staging.names else None
+        label = self._labels[size]
+        if type(sources) is dict and widths is None:  # read_call's answer for a plain dict, without the call
+            prepared, live = prepare_mapping(
+                self.layout, sources, size, num_reqs, label, strict=self.strict if strict is None else strict,
+                device=self.device, required=staging.required,
+            )  # fmt: skip
+        else:
+            prepared, live = self._prepare(label, size, sources, num_reqs, widths, strict, staging.required)
+        if not staging.names:
+            self._commit.write(prepared, size)
+            return live
+        staged = staging.prepare(prepared, size, live, label)
         self._commit.write(prepared, size)
-        if staged is not None:
-            staging.apply(staged, prepared)
+        staging.apply(staged, prepared)
         return live
 
     def eager_inputs(
@@ -272,13 +279,20 @@ class StaticBuffers:
         num_reqs: Any,
         widths: Any,
         strict: bool | None,
-        omit: frozenset[str] = frozenset(),
+        required: frozenset[str] | None = None,
     ) -> tuple[list[Prepared], int]:
         strict = self.strict if strict is None else strict
         sources = read_call(self, sources, num_reqs, widths, label)  # a plain dict, or BoundSources
         if type(sources) is dict:
             return prepare_mapping(
-                self.layout, sources, size, num_reqs, label, strict=strict, device=self.device, omit=omit
+                self.layout,
+                sources,
+                size,
+                num_reqs,
+                label,
+                strict=strict,
+                device=self.device,
+                required=required,
             )
         return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
 

@@ -33,12 +33,15 @@ capture sizes take full refreshes only (:meth:`StagingArea.buffer` says so).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 
+from graphbuf.buffers import native
 from graphbuf.buffers.commit import Committer
 from graphbuf.buffers.layout import NP_OF_TORCH, Layout, Slot, dtype_name
 from graphbuf.buffers.validate import Prepared, check_typed, check_values, live_fits
@@ -51,44 +54,7 @@ _INT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TORCH_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _EMPTY = np.zeros(0, dtype=np.int64)
 _FEW = 8  # up to this many runs are expanded one arange each
-
-
-class _Mirror:
-    """One staged buffer's host state and its uncommitted changes (flat element indices)."""
-
-    __slots__ = ("cells", "colmax", "flat", "host", "lens", "rows", "runs", "slot", "top", "wide", "width")
-
-    def __init__(self, slot: Slot, host: np.ndarray, lens: np.ndarray | None, colmax: int, top: int) -> None:
-        self.slot = slot
-        self.host = host  # the whole allocation, numpy element type of the slot
-        self.flat = host.reshape(-1)
-        self.rows = host.shape[0]
-        self.wide = host.ndim == 2
-        self.width = host.shape[1] if self.wide else 1
-        self.lens = lens  # 2-D: per row, the columns that may differ from the pad (the rest is pad)
-        self.runs: list[tuple[int, int]] = []  # changed [start, stop) ranges of flat indices
-        self.cells: list[np.ndarray] = []  # changed flat indices, scattered
-        self.colmax = colmax  # bound of every row's lens (the column high-water mark a commit leaves)
-        self.top = top  # rows at and past top hold the pad
-
-    @property
-    def pending(self) -> bool:
-        return bool(self.runs or self.cells)
-
-    def changed(self) -> np.ndarray:
-        """Every changed flat index (a cell staged twice appears twice), as one int64 array; no Python loop
-        over cells."""
-        runs, cells = self.runs, self.cells
-        parts = list(cells)
-        if runs:
-            if len(runs) <= _FEW:
-                parts.extend(np.arange(a, b, dtype=np.int64) for a, b in runs)
-            else:
-                parts.append(_expand(np.array(runs, dtype=np.int64)))
-        if not parts:
-            return _EMPTY
-        # A cell staged twice is written (and counted) twice: deduplicating costs more than the write.
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+_OPS = ("set", "append", "set_row", "clear_row", "move_row", "swap_rows", "scatter")
 
 
 def _expand(runs: np.ndarray) -> np.ndarray:
@@ -111,6 +77,371 @@ def _expand(runs: np.ndarray) -> np.ndarray:
     return base + np.arange(total, dtype=np.int64)
 
 
+class _Checks:
+    """The stage-time checks of one staged buffer: every write's arguments in plain form (int rows and
+    columns inside the allocation, values a contiguous 1-D array of the buffer's element type), or the
+    error naming what is wrong. Both host-state kinds use them: the Python one on every write, the native
+    one (``graphbuf.buffers._staged``) on any argument it does not take as it is."""
+
+    slot: Slot
+    host: np.ndarray
+    lens: np.ndarray | None
+    rows: int
+    width: int
+    wide: bool
+    guard: Exclusive
+
+    def _init_shape(self, slot: Slot, host: np.ndarray, lens: np.ndarray | None, guard: Exclusive) -> None:
+        self.slot = slot
+        self.host = host  # the whole allocation, numpy element type of the slot
+        self.flat = host.reshape(-1)
+        self.lens = lens  # 2-D: per row, the columns that may differ from the pad (the rest is pad)
+        self.rows = host.shape[0]
+        self.wide = host.ndim == 2
+        self.width = host.shape[1] if self.wide else 1
+        self.guard = guard
+
+    @property
+    def name(self) -> str:
+        return self.slot.name
+
+    def _busy(self, op: str) -> None:
+        raise self.guard.busy(f"{op}()")
+
+    def _normalize(self, op: str, *args: Any) -> tuple[Any, ...]:
+        """``op``'s arguments in plain form, or the error (at stage time) that names what is wrong."""
+        if op == "set":
+            row, values, col = args
+            arr = self._values(values, "set")
+            k = arr.shape[0]
+            if self.wide:
+                r = self._row(row, "set")
+                return r, arr, self._col(col, k, "set")
+            if col != 0 or isinstance(col, bool):
+                raise WidthError(f"set(): buffer {self.name!r}: 1-D buffer; col must be 0, got {col!r}")
+            r = self._row(row, "set")
+            if r + k > self.rows:
+                raise RowsError(
+                    f"set(): buffer {self.name!r}: rows {r}..{r + k - 1} reach outside the captured "
+                    f"allocation of {self.rows} rows"
+                )
+            return r, arr, 0
+        if op == "append":
+            row, values = args
+            if self.lens is None:
+                raise RefreshError(f"append(): buffer {self.name!r} is 1-D; use set(row, values)")
+            r = self._row(row, "append")
+            arr = self._values(values, "set")
+            self._col(int(self.lens[r]), arr.shape[0], "set")
+            return r, arr
+        if op == "set_row":
+            row, values = args
+            r = self._row(row, "set_row")
+            arr = self._values(values, "set_row")
+            k = arr.shape[0]
+            if not self.wide and k != 1:
+                raise RefreshError(f"set_row(): buffer {self.name!r} is 1-D; a row is one value, got {k}")
+            if self.wide:
+                self._col(0, k, "set_row")
+            return r, arr
+        if op in ("clear_row", "move_row", "swap_rows"):
+            return tuple(self._row(a, op) for a in args)
+        if op == "scatter":
+            return self._scatter_args(*args)
+        raise ValueError(f"_normalize: unknown op {op!r}")
+
+    def _scatter_args(self, rows: Any, values: Any, cols: Any) -> tuple[Any, ...]:
+        r = np.ascontiguousarray(np.asarray(rows, dtype=np.int64).reshape(-1))
+        arr = self._values(values, "scatter")
+        if arr.shape[0] != r.shape[0]:
+            raise RefreshError(
+                f"scatter(): buffer {self.name!r}: {r.shape[0]} rows but {arr.shape[0]} values"
+            )
+        if not r.shape[0]:
+            return None, None, None
+        lo, hi = int(r.min()), int(r.max())
+        if lo < 0 or hi >= self.rows:
+            bad = lo if lo < 0 else hi
+            raise RowsError(
+                f"scatter(): buffer {self.name!r}: row {bad} outside the captured allocation of "
+                f"{self.rows} rows"
+            )
+        if not self.wide:
+            if cols is not None:
+                raise WidthError(f"scatter(): buffer {self.name!r} is 1-D; cols must be None")
+            return r, arr, None
+        if cols is None:
+            raise RefreshError(f"scatter(): buffer {self.name!r} is 2-D; pass cols=")
+        c = np.ascontiguousarray(np.asarray(cols, dtype=np.int64).reshape(-1))
+        if c.shape[0] != r.shape[0]:
+            raise RefreshError(f"scatter(): buffer {self.name!r}: {r.shape[0]} rows but {c.shape[0]} cols")
+        clo, chi = int(c.min()), int(c.max())
+        if clo < 0 or chi >= self.width:
+            bad = clo if clo < 0 else chi
+            raise WidthError(
+                f"scatter(): buffer {self.name!r}: column {bad} outside the captured allocation of "
+                f"{self.width} columns"
+            )
+        return r, arr, c
+
+    def _row(self, row: Any, op: str) -> int:
+        if type(row) is not int:
+            if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
+                raise RowsError(f"{op}(): buffer {self.name!r}: row {row!r} is not an integer")
+            row = int(row)
+        if not 0 <= row < self.rows:
+            raise RowsError(
+                f"{op}(): buffer {self.name!r}: row {row} outside the captured allocation of {self.rows} rows"
+            )
+        return row
+
+    def _col(self, col: Any, k: int, op: str) -> int:
+        if type(col) is not int:
+            if isinstance(col, bool) or not isinstance(col, (int, np.integer)):
+                raise WidthError(f"{op}(): buffer {self.name!r}: column {col!r} is not an integer")
+            col = int(col)
+        if col < 0 or col + k > self.width:
+            raise WidthError(
+                f"{op}(): buffer {self.name!r}: columns {col}..{col + k - 1} reach outside the captured "
+                f"allocation of {self.width} columns"
+            )
+        return col
+
+    def _values(self, values: Any, op: str) -> np.ndarray:
+        """``values`` as a contiguous 1-D array of the buffer's dtype, holding them exactly (the cast rules
+        of a full refresh)."""
+        slot = self.slot
+        tp = type(values)
+        listed = False
+        if tp is np.ndarray:
+            arr = values
+        elif tp is torch.Tensor or isinstance(values, torch.Tensor):
+            if values.device.type != "cpu" or values.dtype not in NP_OF_TORCH:
+                raise RefreshError(
+                    f"{op}(): buffer {self.name!r}: a {dtype_name(values.dtype)} tensor on {values.device}; "
+                    "staged values are host numbers (a cpu tensor of a numpy dtype, an array or a list)"
+                )
+            arr = values.detach().numpy()
+        else:
+            arr = np.asarray(values)
+            listed = True
+        if arr.ndim != 1:
+            arr = arr.reshape(-1) if arr.ndim == 0 else arr
+            if arr.ndim != 1:
+                raise RefreshError(
+                    f"{op}(): buffer {self.name!r}: values of shape {list(arr.shape)}; pass one row (1-D)"
+                )
+        want = slot.np_dtype
+        if arr.dtype == want or not arr.size:
+            return np.ascontiguousarray(arr, dtype=want)
+        if listed and arr.dtype.kind in "iu" and slot.kind in "iu":
+            info = np.iinfo(want)
+            amin, amax = int(arr.min()), int(arr.max())
+            if amin < info.min or amax > info.max:
+                raise RefreshError(
+                    f"{op}(): buffer {self.name!r}: values {amin}..{amax} do not fit "
+                    f"{dtype_name(slot.plan.dtype)} ({info.min}..{info.max})"
+                )
+            return arr.astype(want)
+        if listed and arr.dtype.kind in "iuf" and slot.kind == "f":
+            out = arr.astype(want)
+            if not np.array_equal(np.isfinite(out), np.isfinite(arr)):
+                raise RefreshError(
+                    f"{op}(): buffer {self.name!r}: values do not fit {dtype_name(slot.plan.dtype)}"
+                )
+            return out
+        shaped = arr.reshape(1, -1) if slot.ndim == 2 else arr
+        check_typed(slot, np.ascontiguousarray(shaped), self.name, f"{op}()")  # raises a refresh's message
+        return np.ascontiguousarray(arr, dtype=want)
+
+
+class _PyMirror(_Checks):
+    """One staged buffer's host state and its uncommitted changes (flat element indices), in Python: the
+    path without the native kernel, the same writes as :class:`_NativeMirror`'s."""
+
+    def __init__(
+        self, slot: Slot, host: np.ndarray, lens: np.ndarray | None, colmax: int, top: int, guard: Exclusive
+    ) -> None:
+        self._init_shape(slot, host, lens, guard)
+        self.runs: list[tuple[int, int]] = []  # changed [start, stop) ranges of flat indices
+        self.cells: list[np.ndarray] = []  # changed flat indices, scattered
+        self.colmax = colmax  # bound of every row's lens (the column high-water mark a commit leaves)
+        self.top = top  # rows at and past top hold the pad
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.runs or self.cells)
+
+    def single(self) -> tuple[int, int] | None:
+        return self.runs[0] if len(self.runs) == 1 and not self.cells else None
+
+    def clear(self) -> None:
+        self.runs.clear()
+        self.cells.clear()
+
+    def changed(self) -> np.ndarray:
+        """Every changed flat index (a cell staged twice appears twice), as one int64 array."""
+        runs, cells = self.runs, self.cells
+        parts = list(cells)
+        if runs:
+            if len(runs) <= _FEW:
+                parts.extend(np.arange(a, b, dtype=np.int64) for a, b in runs)
+            else:
+                parts.append(_expand(np.array(runs, dtype=np.int64)))
+        if not parts:
+            return _EMPTY
+        # A cell staged twice is written (and counted) twice: deduplicating costs more than the write.
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def set(self, row: Any, values: Any, col: Any = 0) -> None:
+        with self.guard.hold("set()"):
+            self._set(*self._normalize("set", row, values, col))
+
+    def append(self, row: Any, values: Any) -> None:
+        with self.guard.hold("append()"):
+            r, arr = self._normalize("append", row, values)
+            self._set(r, arr, int(self.lens[r]))  # type: ignore[index]
+
+    def _set(self, r: int, arr: np.ndarray, c: int) -> None:
+        k = arr.shape[0]
+        if self.wide:
+            self.host[r, c : c + k] = arr
+            if c + k > self.lens[r]:  # type: ignore[index]
+                self.lens[r] = c + k  # type: ignore[index]
+                if c + k > self.colmax:
+                    self.colmax = c + k
+            start = r * self.width + c
+            self.runs.append((start, start + k))
+            if r >= self.top:
+                self.top = r + 1
+        else:
+            self.host[r : r + k] = arr
+            self.runs.append((r, r + k))
+            if r + k > self.top:
+                self.top = r + k
+
+    def set_row(self, row: Any, values: Any) -> None:
+        with self.guard.hold("set_row()"):
+            r, arr = self._normalize("set_row", row, values)
+            k = arr.shape[0]
+            if not self.wide:
+                self.host[r] = arr[0]
+                self.runs.append((r, r + 1))
+            else:
+                lens = self.lens
+                old = int(lens[r])  # type: ignore[index]
+                self.host[r, :k] = arr
+                if old > k:
+                    self.host[r, k:old] = self.slot.pad
+                lens[r] = k  # type: ignore[index]
+                if k > self.colmax:
+                    self.colmax = k
+                start = r * self.width
+                self.runs.append((start, start + max(k, old)))
+            if r >= self.top:
+                self.top = r + 1
+
+    def clear_row(self, row: Any) -> None:
+        with self.guard.hold("clear_row()"):
+            (r,) = self._normalize("clear_row", row)
+            if self.wide:
+                old = int(self.lens[r])  # type: ignore[index]
+                if old:
+                    self.host[r, :old] = self.slot.pad
+                    self.lens[r] = 0  # type: ignore[index]
+                    self.runs.append((r * self.width, r * self.width + old))
+            else:
+                self.host[r] = self.slot.pad
+                self.runs.append((r, r + 1))
+
+    def move_row(self, src: Any, dst: Any) -> None:
+        with self.guard.hold("move_row()"):
+            s, d = self._normalize("move_row", src, dst)
+            if s == d:
+                return
+            if self.wide:
+                lens = self.lens
+                k, old = int(lens[s]), int(lens[d])  # type: ignore[index]
+                self.host[d, :k] = self.host[s, :k]
+                if old > k:
+                    self.host[d, k:old] = self.slot.pad
+                lens[d] = k  # type: ignore[index]
+                self.runs.append((d * self.width, d * self.width + max(k, old)))
+            else:
+                self.host[d] = self.host[s]
+                self.runs.append((d, d + 1))
+            if d >= self.top:
+                self.top = d + 1
+
+    def swap_rows(self, a: Any, b: Any) -> None:
+        with self.guard.hold("swap_rows()"):
+            i, j = self._normalize("swap_rows", a, b)
+            if i == j:
+                return
+            if self.wide:
+                lens = self.lens
+                k = int(max(lens[i], lens[j]))  # type: ignore[index]
+                self.host[[i, j], :k] = self.host[[j, i], :k]
+                lens[i], lens[j] = lens[j], lens[i]  # type: ignore[index]
+                w = self.width
+                self.runs.append((i * w, i * w + k))
+                self.runs.append((j * w, j * w + k))
+            else:
+                self.host[[i, j]] = self.host[[j, i]]
+                self.runs.append((i, i + 1))
+                self.runs.append((j, j + 1))
+            self.top = max(self.top, i + 1, j + 1)
+
+    def scatter(self, rows: Any, values: Any, cols: Any = None) -> None:
+        with self.guard.hold("scatter()"):
+            r, arr, c = self._normalize("scatter", rows, values, cols)
+            if r is None:
+                return
+            hi = int(r.max())
+            if self.wide:
+                self.host[r, c] = arr
+                np.maximum.at(self.lens, r, c + 1)
+                chi = int(c.max())
+                if chi + 1 > self.colmax:
+                    self.colmax = chi + 1
+                self.cells.append(r * self.width + c)
+            else:
+                self.host[r] = arr
+                self.cells.append(r)
+            if hi >= self.top:
+                self.top = hi + 1
+
+
+@functools.cache
+def _native_mirror(kernel: ModuleType) -> type:
+    """:class:`_Checks` over ``kernel.Staged`` (``graphbuf.buffers._staged``): the host state in C."""
+
+    class _NativeMirror(kernel.Staged, _Checks):  # type: ignore[misc, name-defined]
+        """One staged buffer's host state: the writes and the changed cells in C, the checks in Python."""
+
+        def __init__(
+            self,
+            slot: Slot,
+            host: np.ndarray,
+            lens: np.ndarray | None,
+            colmax: int,
+            top: int,
+            guard: Exclusive,
+        ) -> None:
+            self._init_shape(slot, host, lens, guard)
+            pad = slot.pad.tobytes()
+            table = slot.rows_of_requests
+            super().__init__(host, lens, pad, slot.lo, slot.hi, table, slot.index, guard.lock, colmax, top)
+
+        def changed(self) -> np.ndarray:
+            """Every changed flat index (a cell staged twice appears twice), as one int64 array."""
+            out = np.empty(self.nchanged, dtype=np.int64)
+            self.changed_into(out)
+            return out
+
+    return _NativeMirror
+
+
 class StagedBuffer:
     """Staged writes to one buffer (from :meth:`graphbuf.StaticBuffers.stage`). Rows and columns index the
     buffer's whole allocation; one outside it raises :class:`RowsError`/:class:`WidthError` here, at stage
@@ -118,11 +449,13 @@ class StagedBuffer:
     commits them. A 1-D buffer's "row" is one element: :meth:`set` writes a run of elements from ``row``.
     """
 
-    def __init__(self, area: StagingArea, mirror: _Mirror) -> None:
-        self._area = area
+    def __init__(self, mirror: Any) -> None:
         self._m = mirror
-        self._exclusive = area.guard
         self.name = mirror.slot.name
+        # The write methods are the host state's own (native ones without a Python frame); the methods
+        # below document them and stand in for them on a class-level lookup.
+        for op in _OPS:
+            setattr(self, op, getattr(mirror, op))
 
     @property
     def host(self) -> np.ndarray:
@@ -147,247 +480,32 @@ class StagedBuffer:
 
     def set(self, row: int, values: Any, col: int = 0) -> None:
         """2-D: ``values`` into row ``row`` from column ``col``. 1-D: into elements ``row``, ``row+1``, ..."""
-        with self._guard("set"):
-            m = self._m
-            arr = self._values(values, "set")
-            k = arr.shape[0]
-            if m.wide:
-                r = self._row(row, "set")
-                c = self._col(col, k, "set")
-                m.host[r, c : c + k] = arr
-                if c + k > m.lens[r]:
-                    m.lens[r] = c + k
-                    if c + k > m.colmax:
-                        m.colmax = c + k
-                start = r * m.width + c
-                m.runs.append((start, start + k))
-                if r >= m.top:
-                    m.top = r + 1
-            else:
-                if col != 0:
-                    raise WidthError(f"set(): buffer {self.name!r}: 1-D buffer; col must be 0, got {col!r}")
-                r = self._row(row, "set")
-                if r + k > m.rows:
-                    raise RowsError(
-                        f"set(): buffer {self.name!r}: rows {r}..{r + k - 1} reach outside the captured "
-                        f"allocation of {m.rows} rows"
-                    )
-                m.host[r : r + k] = arr
-                m.runs.append((r, r + k))
-                if r + k > m.top:
-                    m.top = r + k
+        self._m.set(row, values, col)
 
     def append(self, row: int, values: Any) -> None:
         """2-D: ``values`` into row ``row`` after its last value (:attr:`lengths`)."""
-        if self._m.lens is None:
-            raise RefreshError(f"append(): buffer {self.name!r} is 1-D; use set(row, values)")
-        r = self._row(row, "append")
-        self.set(r, values, int(self._m.lens[r]))
+        self._m.append(row, values)
 
     def set_row(self, row: int, values: Any) -> None:
         """Row ``row`` becomes ``values``, the rest of the row the pad (1-D: one element)."""
-        with self._guard("set_row"):
-            m = self._m
-            r = self._row(row, "set_row")
-            arr = self._values(values, "set_row")
-            k = arr.shape[0]
-            if not m.wide:
-                if k != 1:
-                    raise RefreshError(f"set_row(): buffer {self.name!r} is 1-D; a row is one value, got {k}")
-                m.host[r] = arr[0]
-                m.runs.append((r, r + 1))
-            else:
-                self._col(0, k, "set_row")
-                old = int(m.lens[r])
-                m.host[r, :k] = arr
-                if old > k:
-                    m.host[r, k:old] = m.slot.pad
-                m.lens[r] = k
-                if k > m.colmax:
-                    m.colmax = k
-                start = r * m.width
-                m.runs.append((start, start + max(k, old)))
-            if r >= m.top:
-                m.top = r + 1
+        self._m.set_row(row, values)
 
     def clear_row(self, row: int) -> None:
         """Row ``row`` becomes the pad."""
-        with self._guard("clear_row"):
-            m = self._m
-            r = self._row(row, "clear_row")
-            if m.wide:
-                old = int(m.lens[r])
-                if old:
-                    m.host[r, :old] = m.slot.pad
-                    m.lens[r] = 0
-                    m.runs.append((r * m.width, r * m.width + old))
-            else:
-                m.host[r] = m.slot.pad
-                m.runs.append((r, r + 1))
+        self._m.clear_row(row)
 
     def move_row(self, src: int, dst: int) -> None:
         """Row ``dst`` becomes a copy of row ``src`` (``src`` keeps its values), as vLLM's ``move_row``."""
-        with self._guard("move_row"):
-            m = self._m
-            s, d = self._row(src, "move_row"), self._row(dst, "move_row")
-            if s == d:
-                return
-            if m.wide:
-                k, old = int(m.lens[s]), int(m.lens[d])
-                m.host[d, :k] = m.host[s, :k]
-                if old > k:
-                    m.host[d, k:old] = m.slot.pad
-                m.lens[d] = k
-                m.runs.append((d * m.width, d * m.width + max(k, old)))
-            else:
-                m.host[d] = m.host[s]
-                m.runs.append((d, d + 1))
-            if d >= m.top:
-                m.top = d + 1
+        self._m.move_row(src, dst)
 
     def swap_rows(self, a: int, b: int) -> None:
         """Rows ``a`` and ``b`` trade values."""
-        with self._guard("swap_rows"):
-            m = self._m
-            i, j = self._row(a, "swap_rows"), self._row(b, "swap_rows")
-            if i == j:
-                return
-            if m.wide:
-                k = int(max(m.lens[i], m.lens[j]))
-                m.host[[i, j], :k] = m.host[[j, i], :k]
-                m.lens[i], m.lens[j] = m.lens[j], m.lens[i]
-                w = m.width
-                m.runs.append((i * w, i * w + k))
-                m.runs.append((j * w, j * w + k))
-            else:
-                m.host[[i, j]] = m.host[[j, i]]
-                m.runs.append((i, i + 1))
-                m.runs.append((j, j + 1))
-            m.top = max(m.top, i + 1, j + 1)
+        self._m.swap_rows(a, b)
 
     def scatter(self, rows: Any, values: Any, cols: Any = None) -> None:
         """Many cells at once: cell ``(rows[i], cols[i])`` (1-D: element ``rows[i]``) becomes ``values[i]``.
         With repeated cells the last value wins. The batched form of :meth:`set` and :meth:`append`."""
-        with self._guard("scatter"):
-            m = self._m
-            r = np.asarray(rows, dtype=np.int64).reshape(-1)
-            arr = self._values(values, "scatter")
-            if arr.shape[0] != r.shape[0]:
-                raise RefreshError(
-                    f"scatter(): buffer {self.name!r}: {r.shape[0]} rows but {arr.shape[0]} values"
-                )
-            if not r.shape[0]:
-                return
-            lo, hi = int(r.min()), int(r.max())
-            if lo < 0 or hi >= m.rows:
-                bad = lo if lo < 0 else hi
-                raise RowsError(
-                    f"scatter(): buffer {self.name!r}: row {bad} outside the captured allocation of "
-                    f"{m.rows} rows"
-                )
-            if m.wide:
-                if cols is None:
-                    raise RefreshError(f"scatter(): buffer {self.name!r} is 2-D; pass cols=")
-                c = np.asarray(cols, dtype=np.int64).reshape(-1)
-                if c.shape[0] != r.shape[0]:
-                    raise RefreshError(
-                        f"scatter(): buffer {self.name!r}: {r.shape[0]} rows but {c.shape[0]} cols"
-                    )
-                clo, chi = int(c.min()), int(c.max())
-                if clo < 0 or chi >= m.width:
-                    bad = clo if clo < 0 else chi
-                    raise WidthError(
-                        f"scatter(): buffer {self.name!r}: column {bad} outside the captured allocation of "
-                        f"{m.width} columns"
-                    )
-                m.host[r, c] = arr
-                np.maximum.at(m.lens, r, c + 1)
-                if chi + 1 > m.colmax:
-                    m.colmax = chi + 1
-                m.cells.append(r * m.width + c)
-            else:
-                if cols is not None:
-                    raise WidthError(f"scatter(): buffer {self.name!r} is 1-D; cols must be None")
-                m.host[r] = arr
-                m.cells.append(r)
-            if hi >= m.top:
-                m.top = hi + 1
-
-    # Checks, at stage time.
-
-    def _guard(self, op: str) -> Exclusive:
-        return self._exclusive.hold(f"{op}()")
-
-    def _row(self, row: Any, op: str) -> int:
-        m = self._m
-        if type(row) is not int:
-            if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
-                raise RowsError(f"{op}(): buffer {self.name!r}: row {row!r} is not an integer")
-            row = int(row)
-        if not 0 <= row < m.rows:
-            raise RowsError(
-                f"{op}(): buffer {self.name!r}: row {row} outside the captured allocation of {m.rows} rows"
-            )
-        return row
-
-    def _col(self, col: Any, k: int, op: str) -> int:
-        m = self._m
-        if type(col) is not int:
-            if isinstance(col, bool) or not isinstance(col, (int, np.integer)):
-                raise WidthError(f"{op}(): buffer {self.name!r}: column {col!r} is not an integer")
-            col = int(col)
-        if col < 0 or col + k > m.width:
-            raise WidthError(
-                f"{op}(): buffer {self.name!r}: columns {col}..{col + k - 1} reach outside the captured "
-                f"allocation of {m.width} columns"
-            )
-        return col
-
-    def _values(self, values: Any, op: str) -> np.ndarray:
-        """``values`` as a 1-D array the buffer's dtype holds exactly (the cast rules of a full refresh)."""
-        slot = self._m.slot
-        tp = type(values)
-        listed = False
-        if tp is np.ndarray:
-            arr = values
-        elif tp is torch.Tensor or isinstance(values, torch.Tensor):
-            if values.device.type != "cpu" or values.dtype not in NP_OF_TORCH:
-                raise RefreshError(
-                    f"{op}(): buffer {self.name!r}: a {dtype_name(values.dtype)} tensor on {values.device}; "
-                    "staged values are host numbers (a cpu tensor of a numpy dtype, an array or a list)"
-                )
-            arr = values.detach().numpy()
-        else:
-            arr = np.asarray(values)
-            listed = True
-        if arr.ndim != 1:
-            arr = arr.reshape(-1) if arr.ndim == 0 else arr
-            if arr.ndim != 1:
-                raise RefreshError(
-                    f"{op}(): buffer {self.name!r}: values of shape {list(arr.shape)}; pass one row (1-D)"
-                )
-        want = slot.np_dtype
-        if arr.dtype == want or not arr.size:
-            return arr
-        if listed and arr.dtype.kind in "iu" and slot.kind in "iu":
-            info = np.iinfo(want)
-            amin, amax = int(arr.min()), int(arr.max())
-            if amin < info.min or amax > info.max:
-                raise RefreshError(
-                    f"{op}(): buffer {self.name!r}: values {amin}..{amax} do not fit "
-                    f"{dtype_name(slot.plan.dtype)} ({info.min}..{info.max})"
-                )
-            return arr.astype(want)
-        if listed and arr.dtype.kind in "iuf" and slot.kind == "f":
-            out = arr.astype(want)
-            if not np.array_equal(np.isfinite(out), np.isfinite(arr)):
-                raise RefreshError(
-                    f"{op}(): buffer {self.name!r}: values do not fit {dtype_name(slot.plan.dtype)}"
-                )
-            return out
-        shaped = arr.reshape(1, -1) if slot.ndim == 2 else arr
-        check_typed(slot, np.ascontiguousarray(shaped), self.name, f"{op}()")  # raises a refresh's message
-        return arr
+        self._m.scatter(rows, values, cols)
 
     def __repr__(self) -> str:
         return f"StagedBuffer({self.name!r}, pending={self.pending})"
@@ -395,7 +513,7 @@ class StagedBuffer:
 
 # One staged buffer's commit, checked and not yet written: (mirror, live rows, changed and entering flat
 # indices (or one slice of them), their values, first and last cleared row, cleared columns, column mark).
-_Plan = tuple[_Mirror, int, np.ndarray | slice, np.ndarray, int, int, int, int]
+_Plan = tuple[Any, int, np.ndarray | slice, np.ndarray, int, int, int, int]
 
 
 class StagingArea:
@@ -414,9 +532,11 @@ class StagingArea:
         self._commit = committer
         self._full = full
         self._slab = slab
-        self._mirrors: dict[str, _Mirror] = {}
+        self._mirrors: dict[str, Any] = {}  # _PyMirror or _NativeMirror
         self._handles: dict[str, StagedBuffer] = {}
         self.names: frozenset[str] = frozenset()
+        #: The buffers a refresh must be given: the required ones not staged.
+        self.required: frozenset[str] = layout.required
         self._staged = committer.staged
         self._targets: dict[str, np.ndarray] = {}  # in place: flat numpy views of the slab
         # Staged: per element size a view of the whole slab, and a ring of host arenas behind events.
@@ -426,6 +546,10 @@ class StagingArea:
         self._events: list[Any] = [None] * depth
         self._turn = 0
         self._pin = slab.device.type != "cpu"
+        # The native commit (in place, every host state native): the host states and their targets.
+        self._cores: list[Any] = []
+        self._core_targets: list[np.ndarray] = []
+        self._native: ModuleType | None = None
 
     def buffer(self, name: Any) -> StagedBuffer:
         """The staged-write handle of buffer ``name`` (made on first use: its host state then takes the
@@ -453,12 +577,23 @@ class StagingArea:
         if slot.ndim == 2:
             lens = np.zeros(host.shape[0], dtype=np.int64)
             lens[:rows] = cols
-        m = _Mirror(slot, host, lens, cols if slot.ndim == 2 else 0, rows)
+        kernel = native.STAGED
+        kind = _native_mirror(kernel) if kernel is not None else _PyMirror
+        m = kind(slot, host, lens, cols if slot.ndim == 2 else 0, rows, self.guard)
         if not self._staged:
             self._targets[name] = t.numpy().reshape(-1)
         self._mirrors[name] = m
         self.names = frozenset(self._mirrors)
-        h = StagedBuffer(self, m)
+        self.required = self.layout.required.difference(self.names)
+        mirrors = list(self._mirrors.values())
+        native_all = kernel is not None and all(type(x) is kind for x in mirrors)
+        if native_all and not self._staged:
+            self._cores = mirrors
+            self._core_targets = [self._targets[x.slot.name] for x in mirrors]
+            self._native = kernel
+        else:
+            self._native = None
+        h = StagedBuffer(m)
         self._handles[name] = h
         return h
 
@@ -473,10 +608,21 @@ class StagingArea:
             out[name] = m.host[:live].copy()
         return out
 
-    def prepare(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_Plan]:
+    def prepare(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_Plan] | int:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
-        writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error."""
+        writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error. Returns the
+        plans for :meth:`apply`, or ``n`` when the native commit checked them all (it writes them too)."""
         mirrors = self._mirrors
+        kernel = self._native
+        if kernel is not None:
+            for p in prepared:
+                if p.slot.name in mirrors:
+                    break
+            else:
+                rows, cols = self._commit.marks
+                if kernel.commit(self._cores, n, rows, cols, None) is True:
+                    return n
+            # False or None: the Python path below decides, and raises a full refresh's message
         given = None
         if len(prepared):
             given = {p.slot.name for p in prepared}
@@ -501,8 +647,9 @@ class StagingArea:
             w = m.width
             keep = min(live, shown)
             idx: np.ndarray | slice
-            if live <= shown and len(m.runs) == 1 and not m.cells:  # one run, no row enters: a slice
-                a, b = m.runs[0]
+            one = m.single() if live <= shown else None
+            if one is not None:  # one run, no row enters: a slice
+                a, b = one
                 idx = slice(a, max(a, min(b, keep * w)))
             else:
                 idx = m.changed() if m.pending else _EMPTY
@@ -523,16 +670,21 @@ class StagingArea:
             plans.append((m, live, idx, vals, live, shown if shown > live else live, cols, colmark))
         return plans
 
-    def apply(self, plans: list[_Plan], prepared: Sequence[Prepared]) -> None:
+    def apply(self, plans: list[_Plan] | int, prepared: Sequence[Prepared]) -> None:
         """Write checked ``plans`` (cpu: in place; staged: one packed upload) and take the host state of
         every staged buffer given whole in ``prepared``. Adds the bytes to the refresh's stats."""
+        if type(plans) is int:  # checked by the native commit, which writes them in place (none given whole)
+            rows, cols = self._commit.marks
+            moved = self._native.commit(self._cores, plans, rows, cols, self._core_targets)  # type: ignore[union-attr]
+            if moved:
+                self._commit.count(moved)
+            return
         moved = 0
         if plans:
             moved = self._write_in_place(plans) if not self._staged else self._upload(plans)
             commit = self._commit
             for m, live, *_, colmark in plans:
-                m.runs.clear()
-                m.cells.clear()
+                m.clear()
                 commit.set_mark(m.slot.index, live, colmark)
         if len(prepared) and self._mirrors:
             for p in prepared:
@@ -626,7 +778,7 @@ class StagingArea:
         self._turn = (turn + 1) % len(self._arenas)
         return moved
 
-    def _absorb(self, m: _Mirror, p: Prepared) -> None:
+    def _absorb(self, m: Any, p: Prepared) -> None:
         """A refresh gave ``m``'s buffer whole: its live values become the host state, other rows pad."""
         slot, src, dev, n, w = p
         if src is None:
@@ -645,8 +797,7 @@ class StagingArea:
         elif src is not None:
             m.host[:n] = src[:n]
         m.top = n
-        m.runs.clear()
-        m.cells.clear()
+        m.clear()
 
 
 def _fits(slot: Slot, vals: np.ndarray) -> bool:

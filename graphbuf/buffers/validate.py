@@ -42,7 +42,6 @@ __all__ = [
 Source = torch.Tensor | np.ndarray | Sequence[Any]
 
 
-
 class Prepared(NamedTuple):
     """One validated source, ready to write. ``host``: host values (bfloat16 as its int16 bits) or None;
     ``dev``: a source on the slab's device or None; the live values are ``host[:rows, :width]`` (1-D:
@@ -496,7 +495,10 @@ def live_requests(
     """The live request count every source's rows agree on (with ``num_reqs`` when given)."""
     live, source = num_reqs, "num_reqs"
     for slot, _, _, rows, _ in prepared:
-        if slot.rows_of_requests is None:
+        table = slot.rows_of_requests
+        if table is None:
+            continue
+        if live is not None and live < len(table) and table[live] == rows:  # the common case, agreed
             continue
         name = slot.name
         if live is None:

@@ -97,19 +97,20 @@ def test_prepare_mapping_validates_every_source_and_agrees_on_the_live_count() -
     assert live == 3
 
 
-def test_prepare_mapping_names_what_is_missing_unless_it_may_be_omitted() -> None:
+def test_prepare_mapping_names_what_is_missing_unless_it_is_not_required() -> None:
     sb, src = _sb(), _sources(2)
+    required = sb.layout.required - {"seq_lens"}  # a refresh with seq_lens staged
     del src["seq_lens"]
     with pytest.raises(RefreshError, match=r"^refresh\(size=4\): missing buffer\(s\) seq_lens;"):
         prepare_mapping(sb.layout, src, 4, None, "refresh(size=4)", strict=True, device=CPU)
     _, live = prepare_mapping(
-        sb.layout, src, 4, None, "refresh(size=4)", strict=True, device=CPU, omit=frozenset({"seq_lens"})
+        sb.layout, src, 4, None, "refresh(size=4)", strict=True, device=CPU, required=required
     )
     assert live == 2
     del src["slot_mapping"]  # omitting one buffer never excuses another; the omitted one is not named
     with pytest.raises(RefreshError, match=r"^refresh\(size=4\): missing buffer\(s\) slot_mapping;"):
         prepare_mapping(
-            sb.layout, src, 4, None, "refresh(size=4)", strict=True, device=CPU, omit=frozenset({"seq_lens"})
+            sb.layout, src, 4, None, "refresh(size=4)", strict=True, device=CPU, required=required
         )
 
 

@@ -1,8 +1,8 @@
 """Staged writes against full refreshes (issue 22 §2): after any sequence of decode steps (joins, growth
 across block boundaries, finishes, condensing row moves, swaps), staged commits mixed with full refreshes
 of the same buffers, and rejected commits, the captured buffers hold byte for byte what a full refresh of
-the same final host state writes. In place and staged, native kernel and numpy; on CUDA (staged writes on
-the device against full refreshes on the cpu) when a device is there."""
+the same final host state writes. In place and staged, native kernels and Python/numpy; on CUDA (staged
+writes on the device against full refreshes on the cpu) when a device is there."""
 
 from __future__ import annotations
 
@@ -23,18 +23,20 @@ from graphbuf.testing import DecodeBatch, next_step, stage_writes
 SPEC = "gemma4-31b-it-mtp"
 OVERRIDES = {"num_blocks": 64, "block_size": 16}  # blocks of 16: a step crosses boundaries often
 KERNEL = native.KERNEL
+STAGED = native.STAGED
 NAMES = {"slots": "slot_mapping", "offsets": "query_start_loc"}
 
 
 class StagedVsFull(RuleBasedStateMachine):
     staging: int | None = None
-    kernel: Any = None
+    kernel: Any = None  # the refresh kernel
+    staged: Any = None  # the staged-write kernel
     device: str = "cpu"
 
     def __init__(self) -> None:
         super().__init__()
-        self._saved = native.KERNEL
-        native.KERNEL = self.kernel
+        self._saved = native.KERNEL, native.STAGED
+        native.KERNEL, native.STAGED = self.kernel, self.staged
         # staged writes (on self.device), full refreshes (on the cpu)
         self.a = StaticBuffers(SPEC, overrides=OVERRIDES, staging=self.staging, device=self.device)
         cpu_staging = self.staging if self.device == "cpu" else None
@@ -44,7 +46,7 @@ class StagedVsFull(RuleBasedStateMachine):
         self.steps = 0
 
     def teardown(self) -> None:
-        native.KERNEL = self._saved
+        native.KERNEL, native.STAGED = self._saved
 
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
@@ -111,16 +113,22 @@ class StagedVsFull(RuleBasedStateMachine):
             assert got.numpy().tobytes() == want.numpy().tobytes(), (name, got, want)
 
 
-def _machine(staging: int | None, kernel: Any, device: str = "cpu") -> type[StagedVsFull]:
-    return type("M", (StagedVsFull,), {"staging": staging, "kernel": kernel, "device": device})
+def _machine(staging: int | None, path: str, device: str = "cpu") -> type[StagedVsFull]:
+    """``path``: "native" (both kernels), "numpy" (neither), "native-refresh" (the refresh kernel with the
+    Python host state: a native refresh falls back to the Python staged commit)."""
+    if path != "numpy" and (KERNEL is None or STAGED is None):
+        pytest.skip("the native kernels are not built here")
+    kernel = KERNEL if path != "numpy" else None
+    staged = STAGED if path == "native" else None
+    return type(
+        "M", (StagedVsFull,), {"staging": staging, "kernel": kernel, "staged": staged, "device": device}
+    )
 
 
 @pytest.mark.parametrize("staging", [None, 2], ids=["in-place", "staged"])
-@pytest.mark.parametrize("path", ["native", "numpy"])
+@pytest.mark.parametrize("path", ["native", "numpy", "native-refresh"])
 def test_staged_writes_match_full_refreshes(staging: int | None, path: str) -> None:
-    if path == "native" and KERNEL is None:
-        pytest.skip("the native kernel is not built here")
-    machine = _machine(staging, KERNEL if path == "native" else None)
+    machine = _machine(staging, path)
     machine.TestCase.settings = settings(max_examples=12, stateful_step_count=20, deadline=None)
     machine.TestCase().runTest()
 
@@ -129,8 +137,6 @@ def test_staged_writes_match_full_refreshes(staging: int | None, path: str) -> N
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("path", ["native", "numpy"])
 def test_staged_writes_on_cuda_match_full_refreshes_on_the_cpu(path: str) -> None:
-    if path == "native" and KERNEL is None:
-        pytest.skip("the native kernel is not built here")
-    machine = _machine(2, KERNEL if path == "native" else None, "cuda")
+    machine = _machine(2, path, "cuda")
     machine.TestCase.settings = settings(max_examples=12, stateful_step_count=20, deadline=None)
     machine.TestCase().runTest()

@@ -1,0 +1,1112 @@
+/* graphbuf.buffers._staged: staged writes and their commit in C (buffer protocol, no numpy C API).
+ *
+ * Staged(host, lens, pad, lo, hi, table, index, lock, colmax, top)
+ *     One staged buffer's host state (graphbuf.buffers.staged): host, the whole allocation (1-D or 2-D,
+ *     C-contiguous, writable); lens, int64 per row (2-D; None for 1-D); pad, the pad's bytes; lo/hi, the
+ *     value bounds (None: unbounded); table, rows at n live requests (None: rows do not follow requests);
+ *     index, the slot index the high-water marks are kept by; lock, the buffers' guard (a threading.Lock);
+ *     colmax/top, the column and row marks of the host state. The changed cells are kept here.
+ *
+ *     Methods set, append, set_row, clear_row, move_row, swap_rows, scatter: the write API of
+ *     graphbuf.buffers.staged.StagedBuffer. Arguments in their plain form (int rows and columns in range,
+ *     values as a 1-D contiguous buffer of the host's element type, or a list of ints that fit it) are
+ *     applied here; anything else goes through the subclass's _normalize(op, *args), which raises the
+ *     Python path's error or returns the arguments in plain form. A guard held elsewhere calls _busy(op).
+ *
+ * commit(cores, n, rows_of, cols_of, targets) -> True | False | None | moved bytes
+ *     targets None: check the cells a commit of n live requests reads (changed cells of live rows, rows
+ *     entering the live range) against lo..hi (and NaN): True, False (the caller's path then names the
+ *     error), None when this cannot say (no table, a bound or kind it does not check). targets (flat
+ *     writable buffers, one per core): write those cells, clear the rows leaving the live range, update
+ *     the marks in rows_of/cols_of, forget the changes; return the bytes written. Call it after a check
+ *     that returned True: it checks no value.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { K_NONE = 0, K_SIGNED, K_UNSIGNED, K_BOOL, K_FLOAT };
+
+static int kind_of(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    const uint16_t one = 1;
+    const char native_order = *(const uint8_t *)&one ? '<' : '>';
+    if (*f == '@' || *f == '=' || *f == native_order) f++;
+    else if (*f == '<' || *f == '>' || *f == '!') return K_NONE;
+    if (f[0] == '\0' || f[1] != '\0') return K_NONE;
+    switch (f[0]) {
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': return K_SIGNED;
+    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N': return K_UNSIGNED;
+    case '?': return K_BOOL;
+    case 'e': case 'f': case 'd': return K_FLOAT;
+    default: return K_NONE;
+    }
+}
+
+/* Bounds: 0 none; 1 the value; 2 beyond int64 above; -2 beyond int64 below. */
+typedef struct {
+    int lk, hk;
+    int64_t lo, hi;
+    double flo, fhi;
+    int known; /* 0: a bound this code does not read (the caller's path checks) */
+} Bounds;
+
+static int bound_of(PyObject *o, int64_t *v, double *f, int *known) {
+    if (o == Py_None) return 0;
+    if (PyFloat_Check(o)) {
+        *f = PyFloat_AS_DOUBLE(o);
+        *known = 0; /* a float bound: only float buffers use it (below) */
+        return 3;
+    }
+    if (!PyLong_Check(o)) {
+        *known = 0;
+        return 0;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *f = PyLong_AsDouble(o);
+    if (*f == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        *known = -1; /* beyond a double: no float buffer reads it here */
+    }
+    if (overflow > 0) return 2;
+    if (overflow < 0) return -2;
+    *v = (int64_t)x;
+    return 1;
+}
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer host;
+    Py_buffer lensb;
+    int held, lheld;
+    int kind;
+    Py_ssize_t isz, rows, width;
+    int wide;
+    char pad[8];
+    Bounds b;
+    int64_t *table;
+    Py_ssize_t ntable; /* -1: no table */
+    Py_ssize_t index;
+    PyObject *lock;
+    int64_t colmax, top;
+    int64_t *runs; /* [start, stop) pairs of flat indices */
+    Py_ssize_t nruns, caprun;
+    int64_t *cells;
+    Py_ssize_t ncells, capcell;
+} Staged;
+
+static PyObject *s_acquire, *s_release, *s_normalize, *s_busy;
+
+static inline char *at(const Staged *s, int64_t i) { return (char *)s->host.buf + i * s->isz; }
+static inline int64_t *lens(const Staged *s) { return (int64_t *)s->lensb.buf; }
+
+static int push_run(Staged *s, int64_t a, int64_t b) {
+    if (s->nruns == s->caprun) {
+        Py_ssize_t cap = s->caprun ? 2 * s->caprun : 16;
+        int64_t *p = PyMem_Realloc(s->runs, (size_t)cap * 2 * sizeof(int64_t));
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->runs = p, s->caprun = cap;
+    }
+    s->runs[2 * s->nruns] = a, s->runs[2 * s->nruns + 1] = b;
+    s->nruns++;
+    return 0;
+}
+
+static int reserve_cells(Staged *s, Py_ssize_t k) {
+    if (s->ncells + k <= s->capcell) return 0;
+    Py_ssize_t cap = s->capcell ? s->capcell : 64;
+    while (cap < s->ncells + k) cap *= 2;
+    int64_t *p = PyMem_Realloc(s->cells, (size_t)cap * sizeof(int64_t));
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->cells = p, s->capcell = cap;
+    return 0;
+}
+
+static void fill_pad(Staged *s, int64_t i, int64_t count) {
+    char *d = at(s, i);
+    for (int64_t j = 0; j < count; j++) memcpy(d + j * s->isz, s->pad, (size_t)s->isz);
+}
+
+/* ------------------------------------------------------------------------------------- arguments */
+
+/* An int in [0, limit): 1 and *out; 0 when it is not (not an exact int, or out of range). */
+static int plain_index(PyObject *o, Py_ssize_t limit, Py_ssize_t *out) {
+    if (!PyLong_CheckExact(o)) return 0;
+    Py_ssize_t v = PyLong_AsSsize_t(o);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v < 0 || v >= limit) return 0;
+    *out = v;
+    return 1;
+}
+
+/* Values in plain form: a 1-D contiguous buffer of the host's element type, or a list of ints that fit. */
+typedef struct {
+    Py_buffer view;
+    int held;
+    const char *data;
+    Py_ssize_t k;
+    char *tmp;
+    char small[512];
+} Vals;
+
+static void vals_release(Vals *v) {
+    if (v->held) PyBuffer_Release(&v->view);
+    if (v->tmp && v->tmp != v->small) PyMem_Free(v->tmp);
+    v->held = 0, v->tmp = NULL;
+}
+
+static int int_fits(int kind, Py_ssize_t isz, PyObject *o, char *dst) {
+    if (!PyLong_CheckExact(o)) return 0;
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (overflow) return 0;
+    if (kind == K_SIGNED) {
+        switch (isz) {
+        case 1: if (x < INT8_MIN || x > INT8_MAX) return 0; { int8_t y = (int8_t)x; memcpy(dst, &y, 1); } return 1;
+        case 2: if (x < INT16_MIN || x > INT16_MAX) return 0; { int16_t y = (int16_t)x; memcpy(dst, &y, 2); } return 1;
+        case 4: if (x < INT32_MIN || x > INT32_MAX) return 0; { int32_t y = (int32_t)x; memcpy(dst, &y, 4); } return 1;
+        case 8: { int64_t y = (int64_t)x; memcpy(dst, &y, 8); } return 1;
+        default: return 0;
+        }
+    }
+    if (x < 0) return 0;
+    switch (isz) {
+    case 1: if (x > UINT8_MAX) return 0; { uint8_t y = (uint8_t)x; memcpy(dst, &y, 1); } return 1;
+    case 2: if (x > UINT16_MAX) return 0; { uint16_t y = (uint16_t)x; memcpy(dst, &y, 2); } return 1;
+    case 4: if (x > UINT32_MAX) return 0; { uint32_t y = (uint32_t)x; memcpy(dst, &y, 4); } return 1;
+    case 8: { uint64_t y = (uint64_t)x; memcpy(dst, &y, 8); } return 1;
+    default: return 0;
+    }
+}
+
+/* 1: plain (v filled); 0: not plain; -1: error (memory). */
+static int plain_values(const Staged *s, PyObject *o, Vals *v) {
+    v->held = 0, v->tmp = NULL, v->k = 0, v->data = NULL;
+    if (PyList_CheckExact(o)) {
+        Py_ssize_t k = PyList_GET_SIZE(o);
+        if (k && s->kind != K_SIGNED && s->kind != K_UNSIGNED) return 0;
+        size_t need = (size_t)k * (size_t)s->isz;
+        v->tmp = need <= sizeof v->small ? v->small : PyMem_Malloc(need ? need : 1);
+        if (!v->tmp) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < k; i++) {
+            if (!int_fits(s->kind, s->isz, PyList_GET_ITEM(o, i), v->tmp + i * s->isz)) {
+                vals_release(v);
+                return 0;
+            }
+        }
+        v->data = v->tmp, v->k = k;
+        return 1;
+    }
+    if (!PyObject_CheckBuffer(o) || PyBytes_Check(o) || PyByteArray_Check(o)) return 0;
+    if (PyObject_GetBuffer(o, &v->view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    v->held = 1;
+    Py_buffer *b = &v->view;
+    int ok = b->ndim == 1 && b->itemsize == s->isz && kind_of(b) == s->kind &&
+             (b->shape[0] <= 1 || !b->strides || b->strides[0] == b->itemsize);
+    if (!ok) {
+        vals_release(v);
+        return 0;
+    }
+    v->data = b->buf, v->k = b->shape[0];
+    return 1;
+}
+
+/* An int64 index array in plain form (scatter's rows and cols). */
+static int plain_int64(PyObject *o, Vals *v) {
+    v->held = 0, v->tmp = NULL;
+    if (!PyObject_CheckBuffer(o) || PyBytes_Check(o) || PyByteArray_Check(o)) return 0;
+    if (PyObject_GetBuffer(o, &v->view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    v->held = 1;
+    Py_buffer *b = &v->view;
+    if (!(b->ndim == 1 && b->itemsize == 8 && kind_of(b) == K_SIGNED &&
+          (b->shape[0] <= 1 || !b->strides || b->strides[0] == 8))) {
+        vals_release(v);
+        return 0;
+    }
+    v->data = b->buf, v->k = b->shape[0];
+    return 1;
+}
+
+/* Arguments by position or keyword into out[0..n), defaults kept; -1 with TypeError otherwise. */
+static int parse(const char *fn, const char *const *names, int n, int required, PyObject *const *args,
+                 Py_ssize_t nargs, PyObject *kwnames, PyObject **out) {
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fn, n, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        const char *key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, j));
+        if (!key) return -1;
+        int found = -1;
+        for (int i = 0; i < n; i++)
+            if (strcmp(key, names[i]) == 0) found = i;
+        if (found < 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fn, key);
+            return -1;
+        }
+        if (found < nargs) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fn, key);
+            return -1;
+        }
+        out[found] = args[nargs + j];
+    }
+    for (int i = 0; i < required; i++)
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fn, names[i]);
+            return -1;
+        }
+    return 0;
+}
+
+/* The guard, taken without waiting; a caller holding it elsewhere: _busy(op) raises its error. */
+static int take(Staged *s, const char *op) {
+    PyObject *r = PyObject_CallMethodOneArg(s->lock, s_acquire, Py_False);
+    if (!r) return -1;
+    int ok = r == Py_True;
+    Py_DECREF(r);
+    if (ok) return 0;
+    PyObject *name = PyUnicode_FromString(op);
+    if (!name) return -1;
+    r = PyObject_CallMethodOneArg((PyObject *)s, s_busy, name);
+    Py_DECREF(name);
+    Py_XDECREF(r);
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "%s(): the guard is held elsewhere", op);
+    return -1;
+}
+
+static void give(Staged *s) {
+    PyObject *tp, *val, *tb;
+    PyErr_Fetch(&tp, &val, &tb);
+    PyObject *r = PyObject_CallMethodNoArgs(s->lock, s_release);
+    if (!r) PyErr_Clear();
+    Py_XDECREF(r);
+    PyErr_Restore(tp, val, tb);
+}
+
+/* self._normalize(op, *args): a new tuple of the arguments in plain form, or NULL with its error. */
+static PyObject *normalize(Staged *s, const char *op, PyObject *const *args, int n) {
+    PyObject *stack[6];
+    stack[0] = (PyObject *)s;
+    stack[1] = PyUnicode_FromString(op);
+    if (!stack[1]) return NULL;
+    for (int i = 0; i < n; i++) stack[2 + i] = args[i];
+    PyObject *r = PyObject_VectorcallMethod(s_normalize, stack, (size_t)(2 + n), NULL);
+    Py_DECREF(stack[1]);
+    if (r && (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != n)) {
+        Py_DECREF(r);
+        PyErr_Format(PyExc_SystemError, "%s(): _normalize returned a malformed result", op);
+        return NULL;
+    }
+    return r;
+}
+
+static PyObject *unplain(const char *op) {
+    PyErr_Format(PyExc_SystemError, "%s(): _normalize returned arguments that are not in plain form", op);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ writes */
+
+static int do_set(Staged *s, Py_ssize_t r, const Vals *v, Py_ssize_t c) {
+    Py_ssize_t k = v->k;
+    if (s->wide) {
+        int64_t start = (int64_t)r * s->width + c;
+        if (k) memmove(at(s, start), v->data, (size_t)(k * s->isz));
+        int64_t *ln = lens(s);
+        if (c + k > ln[r]) {
+            ln[r] = c + k;
+            if (c + k > s->colmax) s->colmax = c + k;
+        }
+        if (push_run(s, start, start + k) < 0) return -1;
+        if (r >= s->top) s->top = r + 1;
+    } else {
+        if (k) memmove(at(s, r), v->data, (size_t)(k * s->isz));
+        if (push_run(s, r, r + k) < 0) return -1;
+        if (r + k > s->top) s->top = r + k;
+    }
+    return 0;
+}
+
+/* set(row, values, col=0), and append(row, values) when append is 1. */
+static PyObject *set_impl(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int append) {
+    static const char *const names[] = {"row", "values", "col"};
+    const char *op = append ? "append" : "set";
+    PyObject *a[3] = {NULL, NULL, NULL};
+    if (parse(op, names, append ? 2 : 3, 2, args, nargs, kwnames, a) < 0) return NULL;
+    PyObject *zero = NULL;
+    if (!a[2]) {
+        zero = PyLong_FromLong(0);
+        if (!zero) return NULL;
+        a[2] = zero;
+    }
+    if (take(s, op) < 0) {
+        Py_XDECREF(zero);
+        return NULL;
+    }
+    PyObject *norm = NULL, *result = NULL;
+    Vals v = {0};
+    for (int attempt = 0;; attempt++) {
+        Py_ssize_t r, c = 0;
+        int rp = plain_index(a[0], s->rows, &r);
+        int pv = rp ? plain_values(s, a[1], &v) : 0;
+        if (pv < 0) goto done;
+        int ok = rp && pv;
+        if (ok && append) {
+            ok = s->wide;
+            c = ok ? (Py_ssize_t)lens(s)[r] : 0;
+            if (ok && c + v.k > s->width) { /* past the row's end: set()'s error, as the Python path */
+                vals_release(&v);
+                PyObject *col = PyLong_FromSsize_t(c);
+                if (!col) goto done;
+                PyObject *sa[3] = {a[0], a[1], col};
+                PyObject *tmp = normalize(s, "set", sa, 3);
+                Py_DECREF(col);
+                Py_XDECREF(tmp);
+                if (!PyErr_Occurred()) unplain(op);
+                goto done;
+            }
+        } else if (ok && s->wide) {
+            ok = plain_index(a[2], s->width + 1, &c) && c + v.k <= s->width;
+        } else if (ok) {
+            ok = PyLong_CheckExact(a[2]) && PyLong_AsLong(a[2]) == 0 && r + v.k <= s->rows;
+            if (PyErr_Occurred()) PyErr_Clear();
+        }
+        if (ok) {
+            if (do_set(s, r, &v, c) == 0) result = Py_NewRef(Py_None);
+            goto done;
+        }
+        vals_release(&v);
+        if (attempt) {
+            unplain(op);
+            goto done;
+        }
+        Py_XSETREF(norm, normalize(s, op, a, append ? 2 : 3));
+        if (!norm) goto done;
+        a[0] = PyTuple_GET_ITEM(norm, 0), a[1] = PyTuple_GET_ITEM(norm, 1);
+        if (!append) a[2] = PyTuple_GET_ITEM(norm, 2);
+    }
+done:
+    vals_release(&v);
+    give(s);
+    Py_XDECREF(norm);
+    Py_XDECREF(zero);
+    return result;
+}
+
+static PyObject *st_set(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
+    return set_impl(s, args, nargs, kw, 0);
+}
+
+static PyObject *st_append(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
+    return set_impl(s, args, nargs, kw, 1);
+}
+
+static PyObject *st_set_row(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"row", "values"};
+    PyObject *a[2] = {NULL, NULL};
+    if (parse("set_row", names, 2, 2, args, nargs, kwnames, a) < 0) return NULL;
+    if (take(s, "set_row") < 0) return NULL;
+    PyObject *norm = NULL, *result = NULL;
+    Vals v = {0};
+    for (int attempt = 0;; attempt++) {
+        Py_ssize_t r;
+        int ok = plain_index(a[0], s->rows, &r);
+        int pv = ok ? plain_values(s, a[1], &v) : 0;
+        if (pv < 0) goto done;
+        ok = ok && pv && (s->wide ? v.k <= s->width : v.k == 1);
+        if (ok) {
+            Py_ssize_t k = v.k;
+            if (!s->wide) {
+                memmove(at(s, r), v.data, (size_t)s->isz);
+                if (push_run(s, r, r + 1) < 0) goto done;
+            } else {
+                int64_t *ln = lens(s), old = ln[r], start = (int64_t)r * s->width;
+                if (k) memmove(at(s, start), v.data, (size_t)(k * s->isz));
+                if (old > k) fill_pad(s, start + k, old - k);
+                ln[r] = k;
+                if (k > s->colmax) s->colmax = k;
+                if (push_run(s, start, start + (k > old ? k : old)) < 0) goto done;
+            }
+            if (r >= s->top) s->top = r + 1;
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        vals_release(&v);
+        if (attempt) {
+            unplain("set_row");
+            goto done;
+        }
+        Py_XSETREF(norm, normalize(s, "set_row", a, 2));
+        if (!norm) goto done;
+        a[0] = PyTuple_GET_ITEM(norm, 0), a[1] = PyTuple_GET_ITEM(norm, 1);
+    }
+done:
+    vals_release(&v);
+    give(s);
+    Py_XDECREF(norm);
+    return result;
+}
+
+/* Rows of a one- or two-row op (clear_row, move_row, swap_rows), in plain form (normalized once). */
+static int rows_of_args(Staged *s, const char *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                        const char *const *names, int n, Py_ssize_t *out) {
+    PyObject *a[2] = {NULL, NULL};
+    if (parse(op, names, n, n, args, nargs, kwnames, a) < 0) return -1;
+    int ok = 1;
+    for (int i = 0; i < n; i++) ok = ok && plain_index(a[i], s->rows, &out[i]);
+    if (ok) return 0;
+    PyObject *norm = normalize(s, op, a, n);
+    if (!norm) return -1;
+    ok = 1;
+    for (int i = 0; i < n; i++) ok = ok && plain_index(PyTuple_GET_ITEM(norm, i), s->rows, &out[i]);
+    Py_DECREF(norm);
+    if (!ok) {
+        unplain(op);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *st_clear_row(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"row"};
+    Py_ssize_t r[1];
+    if (take(s, "clear_row") < 0) return NULL;
+    int err = rows_of_args(s, "clear_row", args, nargs, kwnames, names, 1, r);
+    if (!err) {
+        if (s->wide) {
+            int64_t *ln = lens(s), old = ln[r[0]], start = (int64_t)r[0] * s->width;
+            if (old) {
+                fill_pad(s, start, old);
+                ln[r[0]] = 0;
+                err = push_run(s, start, start + old);
+            }
+        } else {
+            fill_pad(s, r[0], 1);
+            err = push_run(s, r[0], r[0] + 1);
+        }
+    }
+    give(s);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *st_move_row(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"src", "dst"};
+    Py_ssize_t r[2];
+    if (take(s, "move_row") < 0) return NULL;
+    int err = rows_of_args(s, "move_row", args, nargs, kwnames, names, 2, r);
+    if (!err && r[0] != r[1]) {
+        Py_ssize_t src = r[0], dst = r[1];
+        if (s->wide) {
+            int64_t *ln = lens(s), k = ln[src], old = ln[dst], w = s->width;
+            if (k) memmove(at(s, dst * w), at(s, src * w), (size_t)(k * s->isz));
+            if (old > k) fill_pad(s, dst * w + k, old - k);
+            ln[dst] = k;
+            err = push_run(s, dst * w, dst * w + (k > old ? k : old));
+        } else {
+            memmove(at(s, dst), at(s, src), (size_t)s->isz);
+            err = push_run(s, dst, dst + 1);
+        }
+        if (dst >= s->top) s->top = dst + 1;
+    }
+    give(s);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
+static void swap_bytes(char *x, char *y, size_t n) {
+    char t[256];
+    while (n) {
+        size_t m = n < sizeof t ? n : sizeof t;
+        memcpy(t, x, m), memcpy(x, y, m), memcpy(y, t, m);
+        x += m, y += m, n -= m;
+    }
+}
+
+static PyObject *st_swap_rows(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"a", "b"};
+    Py_ssize_t r[2];
+    if (take(s, "swap_rows") < 0) return NULL;
+    int err = rows_of_args(s, "swap_rows", args, nargs, kwnames, names, 2, r);
+    if (!err && r[0] != r[1]) {
+        Py_ssize_t i = r[0], j = r[1];
+        if (s->wide) {
+            int64_t *ln = lens(s), w = s->width, k = ln[i] > ln[j] ? ln[i] : ln[j], t = ln[i];
+            swap_bytes(at(s, i * w), at(s, j * w), (size_t)(k * s->isz));
+            ln[i] = ln[j], ln[j] = t;
+            err = push_run(s, i * w, i * w + k) || push_run(s, j * w, j * w + k) ? -1 : 0;
+        } else {
+            swap_bytes(at(s, i), at(s, j), (size_t)s->isz);
+            err = push_run(s, i, i + 1) || push_run(s, j, j + 1) ? -1 : 0;
+        }
+        if (i + 1 > s->top) s->top = i + 1;
+        if (j + 1 > s->top) s->top = j + 1;
+    }
+    give(s);
+    if (err) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *st_scatter(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"rows", "values", "cols"};
+    PyObject *a[3] = {NULL, NULL, NULL};
+    if (parse("scatter", names, 3, 2, args, nargs, kwnames, a) < 0) return NULL;
+    if (!a[2]) a[2] = Py_None;
+    if (take(s, "scatter") < 0) return NULL;
+    PyObject *norm = NULL, *result = NULL;
+    Vals rv = {0}, cv = {0}, v = {0};
+    for (int attempt = 0;; attempt++) {
+        int ok = plain_int64(a[0], &rv);
+        int pv = ok ? plain_values(s, a[1], &v) : 0;
+        if (pv < 0) goto done;
+        ok = ok && pv && v.k == rv.k;
+        if (ok && s->wide) ok = a[2] != Py_None && plain_int64(a[2], &cv) && cv.k == rv.k;
+        if (ok && !s->wide) ok = a[2] == Py_None;
+        Py_ssize_t k = rv.k;
+        const int64_t *rows = (const int64_t *)rv.data, *cols = s->wide && ok ? (const int64_t *)cv.data : NULL;
+        int64_t hi = -1, chi = -1;
+        for (Py_ssize_t i = 0; ok && i < k; i++) {
+            if (rows[i] < 0 || rows[i] >= s->rows) ok = 0;
+            else if (rows[i] > hi) hi = rows[i];
+            if (cols) {
+                if (cols[i] < 0 || cols[i] >= s->width) ok = 0;
+                else if (cols[i] > chi) chi = cols[i];
+            }
+        }
+        if (ok) {
+            if (k) {
+                if (reserve_cells(s, k) < 0) goto done;
+                int64_t *out = s->cells + s->ncells;
+                if (s->wide) {
+                    int64_t *ln = lens(s), w = s->width;
+                    for (Py_ssize_t i = 0; i < k; i++) {
+                        int64_t cell = rows[i] * w + cols[i];
+                        memcpy(at(s, cell), v.data + i * s->isz, (size_t)s->isz);
+                        if (cols[i] + 1 > ln[rows[i]]) ln[rows[i]] = cols[i] + 1;
+                        out[i] = cell;
+                    }
+                    if (chi + 1 > s->colmax) s->colmax = chi + 1;
+                } else {
+                    for (Py_ssize_t i = 0; i < k; i++) {
+                        memcpy(at(s, rows[i]), v.data + i * s->isz, (size_t)s->isz);
+                        out[i] = rows[i];
+                    }
+                }
+                s->ncells += k;
+                if (hi >= s->top) s->top = hi + 1;
+            }
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        vals_release(&rv), vals_release(&cv), vals_release(&v);
+        if (attempt) {
+            unplain("scatter");
+            goto done;
+        }
+        Py_XSETREF(norm, normalize(s, "scatter", a, 3));
+        if (!norm) goto done;
+        a[0] = PyTuple_GET_ITEM(norm, 0), a[1] = PyTuple_GET_ITEM(norm, 1), a[2] = PyTuple_GET_ITEM(norm, 2);
+        if (a[0] == Py_None) { /* nothing to write (no rows) */
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+done:
+    vals_release(&rv), vals_release(&cv), vals_release(&v);
+    give(s);
+    Py_XDECREF(norm);
+    return result;
+}
+
+/* --------------------------------------------------------------------------------- changed cells */
+
+static int64_t run_len(const Staged *s, Py_ssize_t i) {
+    int64_t n = s->runs[2 * i + 1] - s->runs[2 * i];
+    return n > 0 ? n : 0;
+}
+
+static PyObject *st_changed_into(Staged *s, PyObject *out) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(out, &b, PyBUF_RECORDS) < 0) return NULL;
+    int64_t need = s->ncells;
+    for (Py_ssize_t i = 0; i < s->nruns; i++) need += run_len(s, i);
+    if (b.ndim != 1 || b.itemsize != 8 || kind_of(&b) != K_SIGNED || b.shape[0] != need ||
+        (need > 1 && b.strides && b.strides[0] != 8)) {
+        PyBuffer_Release(&b);
+        PyErr_Format(PyExc_ValueError, "changed_into: pass a contiguous int64 array of %lld elements",
+                     (long long)need);
+        return NULL;
+    }
+    int64_t *p = b.buf;
+    if (s->ncells) memcpy(p, s->cells, (size_t)s->ncells * sizeof(int64_t));
+    p += s->ncells;
+    for (Py_ssize_t i = 0; i < s->nruns; i++)
+        for (int64_t j = s->runs[2 * i]; j < s->runs[2 * i + 1]; j++) *p++ = j;
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *st_single(Staged *s, PyObject *unused) {
+    if (s->nruns != 1 || s->ncells) Py_RETURN_NONE;
+    return Py_BuildValue("(LL)", (long long)s->runs[0], (long long)s->runs[1]);
+}
+
+static PyObject *st_clear(Staged *s, PyObject *unused) {
+    s->nruns = s->ncells = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_pending(Staged *s, void *c) { return PyBool_FromLong(s->nruns || s->ncells); }
+
+static PyObject *get_nchanged(Staged *s, void *c) {
+    int64_t need = s->ncells;
+    for (Py_ssize_t i = 0; i < s->nruns; i++) need += run_len(s, i);
+    return PyLong_FromLongLong(need);
+}
+
+static PyObject *get_colmax(Staged *s, void *c) { return PyLong_FromLongLong(s->colmax); }
+static PyObject *get_top(Staged *s, void *c) { return PyLong_FromLongLong(s->top); }
+
+static int set_mark(PyObject *v, int64_t *dst, int64_t limit, const char *what) {
+    if (!v) {
+        PyErr_Format(PyExc_AttributeError, "%s cannot be deleted", what);
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < 0 || x > limit) {
+        PyErr_Format(PyExc_ValueError, "%s must lie in 0..%lld, got %lld", what, (long long)limit, x);
+        return -1;
+    }
+    *dst = x;
+    return 0;
+}
+
+static int put_colmax(Staged *s, PyObject *v, void *c) { return set_mark(v, &s->colmax, s->width, "colmax"); }
+static int put_top(Staged *s, PyObject *v, void *c) { return set_mark(v, &s->top, s->rows, "top"); }
+
+/* ---------------------------------------------------------------------------------------- commit */
+
+typedef struct {
+    Staged *s;
+    Py_ssize_t live, shown, cols;
+} Job;
+
+/* 1: the value at flat index i lies within the bounds (and is no NaN); 0: not; -1: cannot say. */
+static inline int cell_ok(const Staged *s, int64_t i) {
+    const char *p = at(s, i);
+    const Bounds *b = &s->b;
+    switch (s->kind) {
+    case K_SIGNED: {
+        int64_t x;
+        switch (s->isz) {
+        case 1: { int8_t y; memcpy(&y, p, 1); x = y; } break;
+        case 2: { int16_t y; memcpy(&y, p, 2); x = y; } break;
+        case 4: { int32_t y; memcpy(&y, p, 4); x = y; } break;
+        default: memcpy(&x, p, 8);
+        }
+        if (b->lk == 2 || (b->lk == 1 && x < b->lo)) return 0;
+        if (b->hk == -2 || (b->hk == 1 && x > b->hi)) return 0;
+        return 1;
+    }
+    case K_UNSIGNED: {
+        uint64_t x;
+        switch (s->isz) {
+        case 1: { uint8_t y; memcpy(&y, p, 1); x = y; } break;
+        case 2: { uint16_t y; memcpy(&y, p, 2); x = y; } break;
+        case 4: { uint32_t y; memcpy(&y, p, 4); x = y; } break;
+        default: memcpy(&x, p, 8);
+        }
+        if (b->lk == 2 || (b->lk == 1 && b->lo > 0 && x < (uint64_t)b->lo)) return 0;
+        if (b->hk == -2 || (b->hk == 1 && (b->hi < 0 || x > (uint64_t)b->hi))) return 0;
+        return 1;
+    }
+    case K_FLOAT: {
+        double x;
+        if (s->isz == 4) {
+            float y;
+            memcpy(&y, p, 4);
+            x = y;
+        } else if (s->isz == 8) {
+            memcpy(&x, p, 8);
+        } else {
+            return -1;
+        }
+        if (isnan(x)) return 0;
+        if (b->lk && x < b->flo) return 0;
+        if (b->hk && x > b->fhi) return 0;
+        return 1;
+    }
+    default:
+        return -1;
+    }
+}
+
+static int checks(const Staged *s) {
+    if (s->kind == K_FLOAT) return 1;
+    return s->b.lk != 0 || s->b.hk != 0;
+}
+
+/* Check (target NULL) or write (target given) the cells of one job; *moved counts the bytes written. */
+static int visit(const Job *j, char *target, int64_t *moved) {
+    const Staged *s = j->s;
+    int64_t w = s->width, keep = j->live < j->shown ? j->live : j->shown, lim = keep * w, isz = s->isz;
+    int check = !target && checks(s);
+    if (!target && !check) return 1;
+    for (Py_ssize_t i = 0; i < s->nruns; i++) {
+        int64_t a = s->runs[2 * i], b = s->runs[2 * i + 1];
+        if (b > lim) b = lim;
+        if (b <= a) continue;
+        if (target) {
+            memcpy(target + a * isz, at(s, a), (size_t)((b - a) * isz));
+            *moved += (b - a) * isz;
+        } else {
+            for (int64_t c = a; c < b; c++) {
+                int ok = cell_ok(s, c);
+                if (ok != 1) return ok;
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < s->ncells; i++) {
+        int64_t c = s->cells[i];
+        if (c >= lim) continue;
+        if (target) {
+            memcpy(target + c * isz, at(s, c), (size_t)isz);
+            *moved += isz;
+        } else {
+            int ok = cell_ok(s, c);
+            if (ok != 1) return ok;
+        }
+    }
+    for (int64_t r = j->shown; r < j->live; r++) { /* rows entering the live range: their used width */
+        int64_t a = r * w, b = a + (s->wide ? lens(s)[r] : 1);
+        if (target) {
+            if (b > a) memcpy(target + a * isz, at(s, a), (size_t)((b - a) * isz));
+            *moved += (b - a) * isz;
+        } else {
+            for (int64_t c = a; c < b; c++) {
+                int ok = cell_ok(s, c);
+                if (ok != 1) return ok;
+            }
+        }
+    }
+    return 1;
+}
+
+static int get_mark(PyObject *list, Py_ssize_t i, Py_ssize_t *out) {
+    if (!PyList_Check(list) || i >= PyList_GET_SIZE(list)) return 0;
+    Py_ssize_t v = PyLong_AsSsize_t(PyList_GET_ITEM(list, i));
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static PyTypeObject StagedType;
+
+static PyObject *gb_commit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "commit(cores, n, rows_of, cols_of, targets) takes 5 arguments");
+        return NULL;
+    }
+    PyObject *cores = args[0], *rows_of = args[2], *cols_of = args[3], *targets = args[4];
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(cores) || n < 0 || !PyList_Check(rows_of) || !PyList_Check(cols_of) ||
+        (targets != Py_None && (!PyList_CheckExact(targets) || PyList_GET_SIZE(targets) != PyList_GET_SIZE(cores)))) {
+        PyErr_SetString(PyExc_TypeError, "commit: cores a list, n >= 0, marks lists, targets None or a list");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(cores);
+    Job stack[16], *jobs = count <= 16 ? stack : PyMem_Malloc((size_t)count * sizeof(Job));
+    if (!jobs) return PyErr_NoMemory();
+    Py_ssize_t nj = 0;
+    PyObject *result = NULL;
+    /* Resolve every job (and range-check it) before anything is read or written. */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *o = PyList_GET_ITEM(cores, i);
+        if (!PyObject_TypeCheck(o, &StagedType)) {
+            PyErr_SetString(PyExc_TypeError, "commit: cores must be Staged");
+            goto done;
+        }
+        Staged *s = (Staged *)o;
+        Job *j = &jobs[nj];
+        j->s = s;
+        if (s->ntable < 0 || n >= s->ntable || !s->b.known || !get_mark(rows_of, s->index, &j->shown) ||
+            !get_mark(cols_of, s->index, &j->cols)) {
+            result = Py_NewRef(Py_None); /* the caller's path */
+            goto done;
+        }
+        j->live = (Py_ssize_t)s->table[n];
+        if (j->live < 0 || j->live > s->rows || j->shown < 0 || j->shown > s->rows || j->cols < 0 ||
+            j->cols > s->width) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (!(s->nruns || s->ncells) && j->live == j->shown) continue;
+        nj++;
+    }
+    if (targets == Py_None) {
+        for (Py_ssize_t i = 0; i < nj; i++) {
+            int ok = visit(&jobs[i], NULL, NULL);
+            if (ok != 1) {
+                result = ok == 0 ? Py_NewRef(Py_False) : Py_NewRef(Py_None);
+                goto done;
+            }
+        }
+        result = Py_NewRef(Py_True);
+        goto done;
+    }
+    /* The targets, resolved and size-checked before the first write. */
+    Py_buffer tb[16], *tbs = count <= 16 ? tb : PyMem_Malloc((size_t)count * sizeof(Py_buffer));
+    if (!tbs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t held = 0;
+    int bad = 0;
+    for (Py_ssize_t i = 0, k = 0; i < count && k < nj; i++) {
+        if ((PyObject *)jobs[k].s != PyList_GET_ITEM(cores, i)) continue;
+        Staged *s = jobs[k].s;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(targets, i), &tbs[k], PyBUF_RECORDS) < 0) {
+            bad = 1;
+            break;
+        }
+        held++;
+        Py_buffer *b = &tbs[k];
+        if (b->ndim != 1 || b->itemsize != s->isz || b->shape[0] != s->rows * s->width ||
+            (b->shape[0] > 1 && b->strides && b->strides[0] != b->itemsize)) {
+            PyErr_SetString(PyExc_ValueError, "commit: a target is not the flat, contiguous twin of its host state");
+            bad = 1;
+            break;
+        }
+        k++;
+    }
+    if (!bad) {
+        int64_t moved = 0;
+        for (Py_ssize_t k = 0; k < nj; k++) {
+            Job *j = &jobs[k];
+            Staged *s = j->s;
+            char *t = tbs[k].buf;
+            visit(j, t, &moved);
+            if (j->shown > j->live) { /* rows leaving the live range: back to the pad */
+                int64_t c = s->wide ? j->cols : 1, isz = s->isz;
+                for (int64_t r = j->live; r < j->shown; r++)
+                    for (int64_t x = 0; x < c; x++) memcpy(t + (r * s->width + x) * isz, s->pad, (size_t)isz);
+                moved += (j->shown - j->live) * c * isz;
+            }
+            s->nruns = s->ncells = 0;
+            PyObject *rv = PyLong_FromSsize_t(j->live);
+            PyObject *cv = PyLong_FromLongLong(j->live && s->wide ? s->colmax : 0);
+            if (!rv || !cv || PyList_SetItem(rows_of, s->index, rv) < 0 || PyList_SetItem(cols_of, s->index, cv) < 0) {
+                bad = 1; /* only on memory exhaustion */
+                break;
+            }
+        }
+        if (!bad) result = PyLong_FromLongLong(moved);
+    }
+    for (Py_ssize_t k = 0; k < held; k++) PyBuffer_Release(&tbs[k]);
+    if (tbs != tb) PyMem_Free(tbs);
+done:
+    if (jobs != stack) PyMem_Free(jobs);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------- type */
+
+static int st_init(Staged *s, PyObject *args, PyObject *kwds) {
+    PyObject *host, *lensobj, *pad, *lo, *hi, *table, *lock;
+    Py_ssize_t index;
+    long long colmax, top;
+    if (!PyArg_ParseTuple(args, "OOSOOOnOLL:Staged", &host, &lensobj, &pad, &lo, &hi, &table, &index, &lock,
+                          &colmax, &top))
+        return -1;
+    if (s->held) {
+        PyErr_SetString(PyExc_RuntimeError, "Staged: already initialized");
+        return -1;
+    }
+    if (PyObject_GetBuffer(host, &s->host, PyBUF_RECORDS | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    s->held = 1;
+    Py_buffer *h = &s->host;
+    s->kind = kind_of(h);
+    s->isz = h->itemsize;
+    if (s->kind == K_NONE || (h->ndim != 1 && h->ndim != 2) || s->isz > 8 ||
+        PyBytes_GET_SIZE(pad) != s->isz || index < 0) {
+        PyErr_SetString(PyExc_ValueError, "Staged: host must be a 1-D or 2-D numeric array, pad its item's bytes");
+        return -1;
+    }
+    s->wide = h->ndim == 2;
+    s->rows = h->shape[0];
+    s->width = s->wide ? h->shape[1] : 1;
+    memcpy(s->pad, PyBytes_AS_STRING(pad), (size_t)s->isz);
+    if (s->wide) {
+        if (PyObject_GetBuffer(lensobj, &s->lensb, PyBUF_RECORDS | PyBUF_C_CONTIGUOUS) < 0) return -1;
+        s->lheld = 1;
+        if (s->lensb.ndim != 1 || s->lensb.itemsize != 8 || kind_of(&s->lensb) != K_SIGNED ||
+            s->lensb.shape[0] != s->rows) {
+            PyErr_SetString(PyExc_ValueError, "Staged: lens must be an int64 array of one element per row");
+            return -1;
+        }
+    } else if (lensobj != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "Staged: a 1-D host state has no lens");
+        return -1;
+    }
+    Bounds *b = &s->b;
+    b->known = 1;
+    b->lk = bound_of(lo, &b->lo, &b->flo, &b->known);
+    b->hk = bound_of(hi, &b->hi, &b->fhi, &b->known);
+    if (b->lk == -1 || b->hk == -1) return -1;
+    if (s->kind != K_FLOAT && (b->lk == 3 || b->hk == 3)) b->known = 0;
+    if (s->kind != K_FLOAT && b->known == -1) b->known = 1; /* the double is not used */
+    if (s->kind == K_FLOAT) {
+        b->known = b->known != -1; /* floats compare as doubles: a bound reads unless a double cannot hold it */
+        b->lk = b->lk != 0, b->hk = b->hk != 0;
+    } else if (s->kind == K_BOOL) {
+        b->known = b->lk == 0 && b->hk == 0;
+    }
+    s->ntable = -1;
+    if (table != Py_None) {
+        PyObject *seq = PySequence_Fast(table, "Staged: table must be a sequence of ints");
+        if (!seq) return -1;
+        Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+        s->table = PyMem_Malloc((size_t)(k ? k : 1) * sizeof(int64_t));
+        if (!s->table) {
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < k; i++) {
+            long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (x == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            s->table[i] = x;
+        }
+        Py_DECREF(seq);
+        s->ntable = k;
+    }
+    s->index = index;
+    Py_INCREF(lock);
+    s->lock = lock;
+    if (colmax < 0 || colmax > s->width || top < 0 || top > s->rows) {
+        PyErr_SetString(PyExc_ValueError, "Staged: colmax or top outside the host state");
+        return -1;
+    }
+    s->colmax = colmax, s->top = top;
+    return 0;
+}
+
+static int st_traverse(Staged *s, visitproc visit, void *arg) {
+    Py_VISIT(s->lock);
+    return 0;
+}
+
+static int st_clear_refs(Staged *s) {
+    Py_CLEAR(s->lock);
+    return 0;
+}
+
+static void st_dealloc(Staged *s) {
+    PyObject_GC_UnTrack(s);
+    if (s->held) PyBuffer_Release(&s->host);
+    if (s->lheld) PyBuffer_Release(&s->lensb);
+    s->held = s->lheld = 0;
+    PyMem_Free(s->table);
+    PyMem_Free(s->runs);
+    PyMem_Free(s->cells);
+    st_clear_refs(s);
+    Py_TYPE(s)->tp_free((PyObject *)s); /* a Python subclass's dealloc releases its type */
+}
+
+#define FAST (METH_FASTCALL | METH_KEYWORDS)
+#define CF(f) (PyCFunction)(void (*)(void))(f)
+
+static PyMethodDef st_methods[] = {
+    {"set", CF(st_set), FAST, "set(row, values, col=0)"},
+    {"append", CF(st_append), FAST, "append(row, values)"},
+    {"set_row", CF(st_set_row), FAST, "set_row(row, values)"},
+    {"clear_row", CF(st_clear_row), FAST, "clear_row(row)"},
+    {"move_row", CF(st_move_row), FAST, "move_row(src, dst)"},
+    {"swap_rows", CF(st_swap_rows), FAST, "swap_rows(a, b)"},
+    {"scatter", CF(st_scatter), FAST, "scatter(rows, values, cols=None)"},
+    {"changed_into", CF(st_changed_into), METH_O, "Every changed flat index into a contiguous int64 array."},
+    {"single", CF(st_single), METH_NOARGS, "(start, stop) of the one changed run, or None."},
+    {"clear", CF(st_clear), METH_NOARGS, "Forget the changes (after a commit)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef st_getset[] = {
+    {"pending", (getter)get_pending, NULL, "True while changes wait for a commit.", NULL},
+    {"nchanged", (getter)get_nchanged, NULL, "Changed flat indices (with repeats).", NULL},
+    {"colmax", (getter)get_colmax, (setter)put_colmax, "Bound of every row's length.", NULL},
+    {"top", (getter)get_top, (setter)put_top, "Rows at and past top hold the pad.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject StagedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "graphbuf.buffers._staged.Staged",
+    .tp_basicsize = sizeof(Staged),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One staged buffer's host state and changed cells.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)st_init,
+    .tp_dealloc = (destructor)st_dealloc,
+    .tp_traverse = (traverseproc)st_traverse,
+    .tp_clear = (inquiry)st_clear_refs,
+    .tp_methods = st_methods,
+    .tp_getset = st_getset,
+};
+
+static PyMethodDef methods[] = {
+    {"commit", CF(gb_commit), METH_FASTCALL, "Check or write the staged cells of a refresh."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_staged", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__staged(void) {
+    if (PyType_Ready(&StagedType) < 0) return NULL;
+    s_acquire = PyUnicode_InternFromString("acquire");
+    s_release = PyUnicode_InternFromString("release");
+    s_normalize = PyUnicode_InternFromString("_normalize");
+    s_busy = PyUnicode_InternFromString("_busy");
+    if (!s_acquire || !s_release || !s_normalize || !s_busy) return NULL;
+    PyObject *mod = PyModule_Create(&module);
+    if (!mod) return NULL;
+    if (PyModule_AddObjectRef(mod, "Staged", (PyObject *)&StagedType) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

@@ -1,0 +1,179 @@
+"""The native staged host state (``graphbuf/buffers/_staged.c``) against the Python one: every argument form
+a write takes gives the same host state, lengths, changed cells and committed bytes; every refused one the
+same error; the guard holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from graphbuf import StaticBuffers
+from graphbuf.buffers import native
+from graphbuf.errors import ConcurrentUseError, RefreshError, RowsError, WidthError
+
+pytestmark = pytest.mark.skipif(native.STAGED is None, reason="the staged-write kernel is not built here")
+
+SPEC = "gemma4-31b-it-mtp"
+BT, LENS, SM = "block_table.full", "seq_lens", "slot_mapping.full"
+QSL = {"query_start_loc": np.arange(0, 4 * 3 + 1, 4, dtype=np.int32)}
+
+
+def _pair(monkeypatch: pytest.MonkeyPatch) -> tuple[StaticBuffers, StaticBuffers]:
+    """(native, python) buffers with every buffer but query_start_loc staged."""
+    out = []
+    for kernel in (native.STAGED, None):
+        monkeypatch.setattr(native, "STAGED", kernel)
+        b = StaticBuffers(SPEC, overrides={"num_blocks": 64})
+        for name in b.names:
+            if name != "query_start_loc":
+                b.stage(name)
+        out.append(b)
+    monkeypatch.undo()
+    return out[0], out[1]
+
+
+# (buffer, op, args, kwargs): plain forms and every other form a write accepts
+WRITES: list[tuple[str, str, tuple[Any, ...], dict[str, Any]]] = [
+    (BT, "set_row", (0, [1, 2, 3]), {}),
+    (BT, "set", (np.int64(1), np.array([4, 5], np.int16)), {"col": np.int32(2)}),
+    (BT, "set", (), {"row": 2, "values": (6, 7), "col": 1}),
+    (BT, "append", (0, np.arange(10, 16, dtype=np.int32)[::2]), {}),  # a strided view
+    (BT, "append", (1, torch.tensor([9], dtype=torch.int32)), {}),
+    (BT, "append", (2, []), {}),
+    (BT, "scatter", ([0, 2], np.array([11, 12], np.int32)), {"cols": [7, 0]}),
+    (BT, "scatter", (np.array([1, 1]), [13, 14], np.array([8, 8])), {}),  # the last value wins
+    (BT, "scatter", ([], []), {"cols": []}),
+    (BT, "move_row", (0, 2), {}),
+    (BT, "swap_rows", (np.int16(1), 2), {}),
+    (BT, "clear_row", (), {"row": 1}),
+    (BT, "set_row", (1, np.array([21, 22], np.uint8)), {}),
+    (LENS, "set", (0, [100, 200, 300]), {}),
+    (LENS, "set", (2, np.array([301], np.uint16)), {}),
+    (LENS, "set_row", (1, [201]), {}),
+    (LENS, "scatter", ([0], np.array([101], np.int32)), {}),
+    (SM, "set", (0, np.arange(12)), {}),
+    (SM, "set", (3, np.arange(20, 23, dtype=np.int32)), {}),
+    (SM, "swap_rows", (0, 11), {}),
+    (SM, "move_row", (5, 5), {}),
+    (SM, "clear_row", (4,), {}),
+]
+
+
+def test_every_write_form_gives_the_same_state_on_both_host_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = _pair(monkeypatch)
+    for name, op, args, kw in WRITES:
+        for buffers in (a, b):
+            getattr(buffers.stage(name), op)(*args, **kw)
+        ha, hb = a.stage(name), b.stage(name)
+        assert ha.host.tobytes() == hb.host.tobytes(), (name, op, args, kw)
+        if ha.host.ndim == 2:
+            assert ha.lengths.tolist() == hb.lengths.tolist(), (name, op)
+        assert ha.pending == hb.pending
+        assert sorted(ha._m.changed().tolist()) == sorted(hb._m.changed().tolist()), (name, op)
+    for size, n in ((12, 3), (4, 1), (12, 3)):  # rows enter, leave and enter again
+        qsl = {"query_start_loc": QSL["query_start_loc"][: n + 1]}
+        a.refresh(size, qsl, num_reqs=n)
+        b.refresh(size, qsl, num_reqs=n)
+        for name in a.names:  # (the slab's alignment gaps are never written)
+            assert a.full[name].numpy().tobytes() == b.full[name].numpy().tobytes(), (size, n, name)
+        assert a.stats == b.stats
+        assert not a.stage(BT).pending
+
+
+REFUSED: list[tuple[str, str, tuple[Any, ...], dict[str, Any], type[Exception]]] = [
+    (BT, "set", (16, [1]), {}, RowsError),
+    (BT, "set", (True, [1]), {}, RowsError),
+    (BT, "set", (0.0, [1]), {}, RowsError),
+    (BT, "set", (0, [1, 2]), {"col": 42}, WidthError),
+    (BT, "set", (0, [1]), {"col": -1}, WidthError),
+    (BT, "set", (0, [2**31]), {}, RefreshError),
+    (BT, "set", (0, np.array([1.5])), {}, RefreshError),
+    (BT, "set", (0, np.zeros((2, 2), np.int32)), {}, RefreshError),
+    (BT, "append", (0, list(range(44))), {}, WidthError),
+    (BT, "scatter", ([0], [1]), {}, RefreshError),  # 2-D: cols= missing
+    (BT, "scatter", ([0, 1], [1]), {"cols": [0, 1]}, RefreshError),
+    (BT, "scatter", ([0], [1]), {"cols": [43]}, WidthError),
+    (BT, "scatter", ([-1], [1]), {"cols": [0]}, RowsError),
+    (BT, "move_row", (-1, 0), {}, RowsError),
+    (BT, "swap_rows", (0, 16), {}, RowsError),
+    (LENS, "set", (0, [1]), {"col": 1}, WidthError),
+    (LENS, "append", (0, [1]), {}, RefreshError),
+    (LENS, "set_row", (0, [1, 2]), {}, RefreshError),
+    (LENS, "scatter", ([0], [1]), {"cols": [0]}, WidthError),
+    (SM, "set", (63, [1, 2]), {}, RowsError),
+    (SM, "set", (0, [-(2**63) - 1]), {}, RefreshError),
+    (SM, "set", (0, torch.zeros(1, dtype=torch.bfloat16)), {}, RefreshError),
+]
+
+
+@pytest.mark.parametrize(("name", "op", "args", "kw", "exc"), REFUSED)
+def test_a_refused_write_raises_the_same_error_and_stages_nothing(
+    monkeypatch: pytest.MonkeyPatch, name: str, op: str, args: tuple[Any, ...], kw: dict[str, Any],
+    exc: type[Exception],
+) -> None:  # fmt: skip
+    a, b = _pair(monkeypatch)
+    msgs = []
+    for buffers in (a, b):
+        h = buffers.stage(name)
+        before = h.host.tobytes()
+        with pytest.raises(exc) as info:
+            getattr(h, op)(*args, **kw)
+        msgs.append(str(info.value))
+        assert h.host.tobytes() == before and not h.pending
+    assert msgs[0] == msgs[1]
+
+
+def test_wrong_arguments_are_type_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    a, _ = _pair(monkeypatch)
+    h = a.stage(BT)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'column'"):
+        h.set(0, [1], column=2)
+    with pytest.raises(TypeError, match="missing required argument 'values'"):
+        h.set(0)
+    with pytest.raises(TypeError, match="multiple values for argument 'row'"):
+        h.set(0, [1], row=1)
+    with pytest.raises(TypeError, match="at most 2 arguments"):
+        h.move_row(0, 1, 2)
+    assert not h.pending
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_a_write_during_a_refresh_is_refused(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """A staged write from code a refresh runs (here a source's conversion; another thread alike) while it
+    holds the buffers raises ConcurrentUseError and stages nothing."""
+    buffers = _pair(monkeypatch)[0 if kind == "native" else 1]
+    h = buffers.stage(BT)
+    inner: list[BaseException] = []
+
+    class Hostile:  # numpy converts it inside the refresh, between the guard's acquire and release
+        def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+            try:
+                h.set_row(0, [1])
+            except ConcurrentUseError as exc:
+                inner.append(exc)
+            return np.array(0, np.int32)
+
+    with pytest.raises(RefreshError):  # one offset is not a query_start_loc of one request
+        buffers.refresh(4, {"query_start_loc": [Hostile()]}, num_reqs=1)
+    assert len(inner) == 1 and str(inner[0]).startswith("set_row(): another thread is using")
+    assert not h.pending
+    h.set_row(0, [1])  # the guard was released
+    assert h.pending
+
+
+def test_a_bad_value_is_rejected_at_commit_with_a_full_refresh_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b = _pair(monkeypatch)
+    errors = []
+    for buffers in (a, b):
+        buffers.stage(LENS).set(0, [1, 2, 6000])  # above max_model_len
+        before = buffers.slab.numpy().tobytes()
+        with pytest.raises(RefreshError) as info:
+            buffers.refresh(12, QSL, num_reqs=3)
+        errors.append(str(info.value))
+        assert buffers.slab.numpy().tobytes() == before and buffers.stage(LENS).pending
+    assert errors[0] == errors[1] and "above max" in errors[0]
