@@ -13,13 +13,16 @@
  *     applied here; anything else goes through the subclass's _normalize(op, *args), which raises the
  *     Python path's error or returns the arguments in plain form. A guard held elsewhere calls _busy(op).
  *
- * commit(cores, n, rows_of, cols_of, targets) -> True | False | None | moved bytes
- *     targets None: check the cells a commit of n live requests reads (changed cells of live rows, rows
- *     entering the live range) against lo..hi (and NaN): True, False (the caller's path then names the
- *     error), None when this cannot say (no table, a bound or kind it does not check). targets (flat
- *     writable buffers, one per core): write those cells, clear the rows leaving the live range, update
- *     the marks in rows_of/cols_of, forget the changes; return the bytes written. Call it after a check
- *     that returned True: it checks no value.
+ * commit(cores, n, rows_of, cols_of, targets, sources, slab_lo, slab_hi) -> moved bytes | False | None
+ *     A refresh's staged commit of n live requests, in place, before the refresh writes its full sources
+ *     (sources: their Prepared tuples, already checked). First every check: the cells a commit reads
+ *     (changed cells of live rows, rows entering the live range) against lo..hi (and NaN). Then every
+ *     write: those cells from each host state into its target (the buffer's flat view, one per core), the
+ *     rows leaving the live range to the pad; the marks in rows_of/cols_of (by slot index) updated, the
+ *     changes forgotten; the bytes written returned. Nothing is written when it returns False (a value
+ *     fails: the caller's path names the error) or None (it cannot say: no table, a bound or kind it does
+ *     not check, or a host source lies inside [slab_lo, slab_hi), where the staged writes would change it
+ *     before the refresh writes it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -834,25 +837,66 @@ static int get_mark(PyObject *list, Py_ssize_t i, Py_ssize_t *out) {
 
 static PyTypeObject StagedType;
 
+/* 1: some host source (item[1] of a Prepared tuple) may share bytes with [lo, hi); 0: none; -1: cannot say. */
+static int sources_alias(PyObject *sources, uintptr_t lo, uintptr_t hi) {
+    Py_ssize_t k = PyList_GET_SIZE(sources);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *item = PyList_GET_ITEM(sources, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 2) return -1;
+        PyObject *host = PyTuple_GET_ITEM(item, 1);
+        if (host == Py_None) continue;
+        Py_buffer b;
+        if (PyObject_GetBuffer(host, &b, PyBUF_RECORDS_RO) < 0) {
+            PyErr_Clear();
+            return -1;
+        }
+        intptr_t a = 0, z = b.itemsize; /* the byte extent, from the first element */
+        int empty = 0;
+        for (int d = 0; d < b.ndim; d++) {
+            if (b.shape[d] == 0) empty = 1;
+            intptr_t step = (intptr_t)(b.strides ? b.strides[d] : 0) * (intptr_t)(b.shape[d] - 1);
+            if (step < 0) a += step;
+            else z += step;
+        }
+        uintptr_t s0 = (uintptr_t)b.buf + (uintptr_t)a, s1 = (uintptr_t)b.buf + (uintptr_t)z;
+        PyBuffer_Release(&b);
+        if (!empty && s0 < hi && lo < s1) return 1;
+    }
+    return 0;
+}
+
 static PyObject *gb_commit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "commit(cores, n, rows_of, cols_of, targets) takes 5 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "commit(cores, n, rows_of, cols_of, targets, sources, slab_lo, slab_hi) takes 8 arguments");
         return NULL;
     }
-    PyObject *cores = args[0], *rows_of = args[2], *cols_of = args[3], *targets = args[4];
+    PyObject *cores = args[0], *rows_of = args[2], *cols_of = args[3], *targets = args[4], *sources = args[5];
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     if (n == -1 && PyErr_Occurred()) return NULL;
+    uintptr_t slab_lo = (uintptr_t)PyLong_AsUnsignedLongLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    uintptr_t slab_hi = (uintptr_t)PyLong_AsUnsignedLongLong(args[7]);
+    if (PyErr_Occurred()) return NULL;
     if (!PyList_CheckExact(cores) || n < 0 || !PyList_Check(rows_of) || !PyList_Check(cols_of) ||
-        (targets != Py_None && (!PyList_CheckExact(targets) || PyList_GET_SIZE(targets) != PyList_GET_SIZE(cores)))) {
-        PyErr_SetString(PyExc_TypeError, "commit: cores a list, n >= 0, marks lists, targets None or a list");
+        !PyList_CheckExact(targets) || PyList_GET_SIZE(targets) != PyList_GET_SIZE(cores) ||
+        !PyList_Check(sources)) {
+        PyErr_SetString(PyExc_TypeError, "commit: cores, targets (as many) and sources lists, n >= 0, marks lists");
         return NULL;
     }
+    /* A source inside the slab would change under the staged writes before its own write reads it. */
+    if (sources_alias(sources, slab_lo, slab_hi) != 0) Py_RETURN_NONE;
     Py_ssize_t count = PyList_GET_SIZE(cores);
     Job stack[16], *jobs = count <= 16 ? stack : PyMem_Malloc((size_t)count * sizeof(Job));
-    if (!jobs) return PyErr_NoMemory();
-    Py_ssize_t nj = 0;
+    Py_buffer tb[16], *tbs = count <= 16 ? tb : PyMem_Malloc((size_t)count * sizeof(Py_buffer));
+    if (!jobs || !tbs) {
+        if (jobs != stack) PyMem_Free(jobs);
+        if (tbs != tb) PyMem_Free(tbs);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t nj = 0, held = 0;
     PyObject *result = NULL;
-    /* Resolve every job (and range-check it) before anything is read or written. */
+    /* Resolve every job and its target (range- and size-checked) before anything is read or written. */
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *o = PyList_GET_ITEM(cores, i);
         if (!PyObject_TypeCheck(o, &StagedType)) {
@@ -874,71 +918,54 @@ static PyObject *gb_commit(PyObject *self, PyObject *const *args, Py_ssize_t nar
             goto done;
         }
         if (!(s->nruns || s->ncells) && j->live == j->shown) continue;
-        nj++;
-    }
-    if (targets == Py_None) {
-        for (Py_ssize_t i = 0; i < nj; i++) {
-            int ok = visit(&jobs[i], NULL, NULL);
-            if (ok != 1) {
-                result = ok == 0 ? Py_NewRef(Py_False) : Py_NewRef(Py_None);
-                goto done;
-            }
-        }
-        result = Py_NewRef(Py_True);
-        goto done;
-    }
-    /* The targets, resolved and size-checked before the first write. */
-    Py_buffer tb[16], *tbs = count <= 16 ? tb : PyMem_Malloc((size_t)count * sizeof(Py_buffer));
-    if (!tbs) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_ssize_t held = 0;
-    int bad = 0;
-    for (Py_ssize_t i = 0, k = 0; i < count && k < nj; i++) {
-        if ((PyObject *)jobs[k].s != PyList_GET_ITEM(cores, i)) continue;
-        Staged *s = jobs[k].s;
-        if (PyObject_GetBuffer(PyList_GET_ITEM(targets, i), &tbs[k], PyBUF_RECORDS) < 0) {
-            bad = 1;
-            break;
-        }
+        if (PyObject_GetBuffer(PyList_GET_ITEM(targets, i), &tbs[nj], PyBUF_RECORDS) < 0) goto done;
         held++;
-        Py_buffer *b = &tbs[k];
+        Py_buffer *b = &tbs[nj];
         if (b->ndim != 1 || b->itemsize != s->isz || b->shape[0] != s->rows * s->width ||
             (b->shape[0] > 1 && b->strides && b->strides[0] != b->itemsize)) {
             PyErr_SetString(PyExc_ValueError, "commit: a target is not the flat, contiguous twin of its host state");
-            bad = 1;
-            break;
+            goto done;
         }
-        k++;
+        nj++;
     }
-    if (!bad) {
-        int64_t moved = 0;
-        for (Py_ssize_t k = 0; k < nj; k++) {
-            Job *j = &jobs[k];
-            Staged *s = j->s;
-            char *t = tbs[k].buf;
-            visit(j, t, &moved);
-            if (j->shown > j->live) { /* rows leaving the live range: back to the pad */
-                int64_t c = s->wide ? j->cols : 1, isz = s->isz;
-                for (int64_t r = j->live; r < j->shown; r++)
-                    for (int64_t x = 0; x < c; x++) memcpy(t + (r * s->width + x) * isz, s->pad, (size_t)isz);
-                moved += (j->shown - j->live) * c * isz;
-            }
-            s->nruns = s->ncells = 0;
-            PyObject *rv = PyLong_FromSsize_t(j->live);
-            PyObject *cv = PyLong_FromLongLong(j->live && s->wide ? s->colmax : 0);
-            if (!rv || !cv || PyList_SetItem(rows_of, s->index, rv) < 0 || PyList_SetItem(cols_of, s->index, cv) < 0) {
-                bad = 1; /* only on memory exhaustion */
-                break;
-            }
+    for (Py_ssize_t k = 0; k < nj; k++) { /* every check before any write */
+        int ok = visit(&jobs[k], NULL, NULL);
+        if (ok != 1) {
+            result = ok == 0 ? Py_NewRef(Py_False) : Py_NewRef(Py_None);
+            goto done;
         }
-        if (!bad) result = PyLong_FromLongLong(moved);
     }
-    for (Py_ssize_t k = 0; k < held; k++) PyBuffer_Release(&tbs[k]);
-    if (tbs != tb) PyMem_Free(tbs);
+    int64_t moved = 0;
+    for (Py_ssize_t k = 0; k < nj; k++) {
+        Job *j = &jobs[k];
+        Staged *s = j->s;
+        char *t = tbs[k].buf;
+        visit(j, t, &moved);
+        if (j->shown > j->live) { /* rows leaving the live range: back to the pad */
+            int64_t c = s->wide ? j->cols : 1, isz = s->isz;
+            for (int64_t r = j->live; r < j->shown; r++)
+                for (int64_t x = 0; x < c; x++) memcpy(t + (r * s->width + x) * isz, s->pad, (size_t)isz);
+            moved += (j->shown - j->live) * c * isz;
+        }
+        s->nruns = s->ncells = 0;
+    }
+    for (Py_ssize_t k = 0; k < nj; k++) { /* the marks, once every byte is written */
+        Job *j = &jobs[k];
+        PyObject *rv = PyLong_FromSsize_t(j->live);
+        PyObject *cv = PyLong_FromLongLong(j->live && j->s->wide ? j->s->colmax : 0);
+        if (!rv || !cv) {
+            Py_XDECREF(rv);
+            Py_XDECREF(cv);
+            goto done;
+        }
+        PyList_SetItem(rows_of, j->s->index, rv); /* steals; index checked by get_mark */
+        PyList_SetItem(cols_of, j->s->index, cv);
+    }
+    result = PyLong_FromLongLong(moved);
 done:
+    for (Py_ssize_t k = 0; k < held; k++) PyBuffer_Release(&tbs[k]);
     if (jobs != stack) PyMem_Free(jobs);
+    if (tbs != tb) PyMem_Free(tbs);
     return result;
 }
 

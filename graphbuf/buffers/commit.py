@@ -18,8 +18,7 @@ refreshes in flight.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,17 +30,20 @@ from graphbuf.buffers.validate import Prepared, prepared
 __all__ = ["Committer", "RefreshStats", "write_live"]
 
 
-@dataclass(frozen=True)
-class RefreshStats:
-    """Byte accounting of the refreshes of one :class:`graphbuf.StaticBuffers`.
+class RefreshStats(NamedTuple):
+    """Byte accounting of the refreshes of one :class:`graphbuf.StaticBuffers` (a snapshot; immutable).
 
     ``last_bytes``: bytes the last refresh wrote into the slab (cpu) or uploaded (staged), summed over the
-    rectangle it touched in each buffer; ``total_bytes``: the sum over all ``refreshes``.
+    rectangle it touched in each buffer; ``total_bytes``: the sum over all ``refreshes``. (A NamedTuple: a
+    server reads it every step, and a frozen dataclass costs ~0.5 µs more to build.)
     """
 
     refreshes: int = 0
     last_bytes: int = 0
     total_bytes: int = 0
+
+
+_new_tuple = tuple.__new__
 
 
 def write_live(
@@ -140,7 +142,7 @@ class Committer:
 
     @property
     def stats(self) -> RefreshStats:
-        return RefreshStats(self._refreshes, self._last, self._total)
+        return _new_tuple(RefreshStats, (self._refreshes, self._last, self._total))  # type: ignore[no-any-return]
 
     def mark(self, index: int) -> tuple[int, int]:
         """The high-water mark (rows, cols) of the buffer at slot ``index``."""

@@ -69,13 +69,12 @@ def prepare_mapping(
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
     prepared = []
-    append = prepared.append
     other = False
     for name, src in sources.items():
         tp = type(src)
         if tp is not np.ndarray and tp is not torch.Tensor:
             other = True
-        append(check_source(layout, name, src, size, label, strict=strict, device=device))
+        prepared.append(check_source(layout, name, src, size, label, strict, device))  # (positional: faster)
     if other:  # converting a list (numpy reads the objects in it) or a subclass may run code that changes a
         # source checked before it: check the plain arrays and tensors again, after the last such code ran
         prepared = [

@@ -212,6 +212,11 @@ class StaticBuffers:
         if not staging.names:
             self._commit.write(prepared, size)
             return live
+        moved = staging.commit_native(prepared, live)  # checked and written, or nothing written
+        if moved is not None:
+            self._commit.write(prepared, size)  # never raises: the sources were checked
+            self._commit.count(moved)
+            return live
         staged = staging.prepare(prepared, size, live, label)
         self._commit.write(prepared, size)
         staging.apply(staged, prepared)

@@ -550,6 +550,7 @@ class StagingArea:
         self._cores: list[Any] = []
         self._core_targets: list[np.ndarray] = []
         self._native: ModuleType | None = None
+        self._slab_range = (slab.data_ptr(), slab.data_ptr() + slab.numel())
 
     def buffer(self, name: Any) -> StagedBuffer:
         """The staged-write handle of buffer ``name`` (made on first use: its host state then takes the
@@ -608,21 +609,26 @@ class StagingArea:
             out[name] = m.host[:live].copy()
         return out
 
-    def prepare(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_Plan] | int:
-        """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
-        writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error. Returns the
-        plans for :meth:`apply`, or ``n`` when the native commit checked them all (it writes them too)."""
-        mirrors = self._mirrors
+    def commit_native(self, prepared: list[Prepared], n: int) -> int | None:
+        """The whole staged commit of ``n`` requests in one native call, made *before* the refresh writes
+        ``prepared`` (its full sources, all checked): every staged check, then every staged write in
+        place; the bytes written, or None with nothing written (no native commit here, a buffer given whole
+        is staged, a value fails or a source lies in the slab): then :meth:`prepare` and :meth:`apply`."""
         kernel = self._native
-        if kernel is not None:
-            for p in prepared:
-                if p.slot.name in mirrors:
-                    break
-            else:
-                rows, cols = self._commit.marks
-                if kernel.commit(self._cores, n, rows, cols, None) is True:
-                    return n
-            # False or None: the Python path below decides, and raises a full refresh's message
+        if kernel is None:
+            return None
+        mirrors = self._mirrors
+        for p in prepared:
+            if p.slot.name in mirrors:
+                return None
+        rows, cols = self._commit.marks
+        moved = kernel.commit(self._cores, n, rows, cols, self._core_targets, prepared, *self._slab_range)
+        return moved if type(moved) is int else None
+
+    def prepare(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_Plan]:
+        """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
+        writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error."""
+        mirrors = self._mirrors
         given = None
         if len(prepared):
             given = {p.slot.name for p in prepared}
@@ -670,15 +676,9 @@ class StagingArea:
             plans.append((m, live, idx, vals, live, shown if shown > live else live, cols, colmark))
         return plans
 
-    def apply(self, plans: list[_Plan] | int, prepared: Sequence[Prepared]) -> None:
+    def apply(self, plans: list[_Plan], prepared: Sequence[Prepared]) -> None:
         """Write checked ``plans`` (cpu: in place; staged: one packed upload) and take the host state of
         every staged buffer given whole in ``prepared``. Adds the bytes to the refresh's stats."""
-        if type(plans) is int:  # checked by the native commit, which writes them in place (none given whole)
-            rows, cols = self._commit.marks
-            moved = self._native.commit(self._cores, plans, rows, cols, self._core_targets)  # type: ignore[union-attr]
-            if moved:
-                self._commit.count(moved)
-            return
         moved = 0
         if plans:
             moved = self._write_in_place(plans) if not self._staged else self._upload(plans)

@@ -87,7 +87,7 @@ def count_of(n: Any) -> int | None:
 
 
 def check_source(
-    layout: Layout, name: Any, src: Any, size: int, label: str, *, strict: bool, device: torch.device
+    layout: Layout, name: Any, src: Any, size: int, label: str, strict: bool, device: torch.device
 ) -> Prepared:
     """Validate ``src`` for buffer ``name`` at ``size`` tokens; ``label`` starts every error message."""
     slot = layout.slot(label, name)
