@@ -177,3 +177,20 @@ def test_a_bad_value_is_rejected_at_commit_with_a_full_refresh_message(
         errors.append(str(info.value))
         assert buffers.slab.numpy().tobytes() == before and buffers.stage(LENS).pending
     assert errors[0] == errors[1] and "above max" in errors[0]
+
+
+@pytest.mark.parametrize("kind", ["native", "python"])
+def test_a_source_inside_the_slab_is_written_as_it_was_checked(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A full source that is a view of a staged buffer's memory in the slab: the staged writes of the same
+    refresh must not change it between its check and its write (the native commit, which writes first,
+    steps aside for it)."""
+    b = _pair(monkeypatch)[0 if kind == "native" else 1]
+    b.stage(BT).set_row(0, [0, 4])
+    b.refresh(4, {"query_start_loc": np.array([0, 4], np.int32)}, num_reqs=1)
+    view = b.full[BT][0, :2].numpy()  # [0, 4] in the slab: a valid query_start_loc for one request
+    b.stage(BT).set_row(0, [0, 5])  # staged: the same refresh writes it over the view's bytes
+    b.refresh(4, {"query_start_loc": view}, num_reqs=1)
+    assert b.full["query_start_loc"][:2].tolist() == [0, 4]  # as checked
+    assert b.full[BT][0, :3].tolist() == [0, 5, 0]
