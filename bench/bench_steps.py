@@ -265,7 +265,7 @@ def _same(live: dict[str, Callable[[str, int], np.ndarray]], names: list[str], n
 
 
 def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
-    steps = 12 if quick else 48
+    steps = 12 if quick else 120
     live_counts = (1, 16, 64) if quick else LIVE
     out: dict[str, Any] = {"steps": steps, "points": []}
     rng = np.random.default_rng(seed)

@@ -9,6 +9,11 @@
  *     The whole of an integer source when it needs no more checks (layout, rows and columns within the
  *     capacity, values within lo..hi); None otherwise, errors included.
  *
+ * accept_all(sources, slots, size, n, prepared, ndarray) -> [Prepared] | None
+ *     accept for every source of a mapping in one call (exact numpy arrays of a dtype their slot casts
+ *     safely, at a capture size, rows agreeing with n live requests unless n is None); None when any
+ *     needs the general path.
+ *
  * write(targets, items, ends, pads, rows_of, cols_of) -> moved bytes | None
  *     The live-row write of graphbuf.buffers.commit.write_live for every item, the same cells and values:
  *     items are (slot, host, device, n, w) tuples whose host[:n, :w] is the live data (host None: written
@@ -289,36 +294,155 @@ static PyObject *gb_fit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * The whole of an integer or bool source, in one call: ndim as given, rows with contiguous elements, aligned,
  * at most cap_rows rows (and cap_cols columns when 2-D), every value within lo..hi. None for anything else,
  * errors included: the caller's general path then accepts it, clips it or names what is wrong. */
-static PyObject *gb_accept(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "accept(arr, ndim, cap_rows, cap_cols, lo, hi) takes 6 arguments");
-        return NULL;
-    }
-    Py_ssize_t ndim, cap_rows, cap_cols;
-    if (as_ssize(args[1], &ndim, "ndim") < 0 || as_ssize(args[2], &cap_rows, "cap_rows") < 0 ||
-        as_ssize(args[3], &cap_cols, "cap_cols") < 0)
-        return NULL;
+/* accept's test of one source: 1 and (*rows, *width) when accepted, 0 when not (errors cleared), -1 on error. */
+static int accept_one(PyObject *arr, Py_ssize_t ndim, Py_ssize_t cap_rows, Py_ssize_t cap_cols, PyObject *lo,
+                      PyObject *hi, Py_ssize_t *rows, Py_ssize_t *width) {
     Bounds b;
-    int got = bounds_of(args[4], args[5], &b);
-    if (got <= 0) {
-        if (got < 0) return NULL;
-        Py_RETURN_NONE;
-    }
+    int got = bounds_of(lo, hi, &b);
+    if (got <= 0) return got;
     Arr a;
-    if (arr_get(args[0], &a, 0) < 0) {
+    if (arr_get(arr, &a, 0) < 0) {
         PyErr_Clear(); /* not a buffer: the general path says what it is */
-        Py_RETURN_NONE;
+        return 0;
     }
     Py_ssize_t cols = a.ndim == 2 ? a.ncols : 1;
     int ok = a.ndim == ndim && (ndim == 1 || ndim == 2) && a.aligned &&
              (a.kind == K_SIGNED || a.kind == K_UNSIGNED || a.kind == K_BOOL) && a.nrows <= cap_rows &&
              (ndim == 1 || a.ncols <= cap_cols);
     if (ok) ok = region_fits(&a, a.nrows, cols, &b) == 1;
-    Py_ssize_t rows = a.nrows, width = ndim == 2 ? a.ncols : 0;
+    *rows = a.nrows, *width = ndim == 2 ? a.ncols : 0;
     arr_release(&a);
+    return ok;
+}
+
+static PyObject *gb_accept(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "accept(arr, ndim, cap_rows, cap_cols, lo, hi) takes 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t ndim, cap_rows, cap_cols, rows, width;
+    if (as_ssize(args[1], &ndim, "ndim") < 0 || as_ssize(args[2], &cap_rows, "cap_rows") < 0 ||
+        as_ssize(args[3], &cap_cols, "cap_cols") < 0)
+        return NULL;
+    int ok = accept_one(args[0], ndim, cap_rows, cap_cols, args[4], args[5], &rows, &width);
+    if (ok < 0) return NULL;
     if (!ok) Py_RETURN_NONE;
     return Py_BuildValue("(nn)", rows, width);
+}
+
+static PyObject *s_dtype, *s_fast, *s_capacity, *s_ndim, *s_lo, *s_hi, *s_rows_of_requests;
+
+/* An attribute as a Py_ssize_t (the slot's ints); -1 with an error set on failure. */
+static int attr_ssize(PyObject *o, PyObject *name, Py_ssize_t *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v) return -1;
+    *out = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* One source of accept_all: 1 and *out (a new Prepared) when accepted; 0 when the general path decides. */
+static int accept_item(PyObject *name, PyObject *src, PyObject *slots, PyObject *size, Py_ssize_t n,
+                       PyTypeObject *prepared, PyObject **out) {
+    PyObject *slot = PyDict_GetItemWithError(slots, name); /* borrowed */
+    if (!slot) return PyErr_Occurred() ? -1 : 0;
+    PyObject *dtype = NULL, *fast = NULL, *capacity = NULL, *lo = NULL, *hi = NULL, *table = NULL;
+    int result = -1;
+    Py_ssize_t ndim, cap_rows, cap_cols, rows, width;
+    if (!(dtype = PyObject_GetAttr(src, s_dtype)) || !(fast = PyObject_GetAttr(slot, s_fast))) goto done;
+    int in = PySequence_Contains(fast, dtype); /* dtypes cast safely without a value check */
+    if (in <= 0) {
+        result = in;
+        goto done;
+    }
+    if (!(capacity = PyObject_GetAttr(slot, s_capacity))) goto done;
+    PyObject *cap = PyDict_Check(capacity) ? PyDict_GetItemWithError(capacity, size) : NULL;
+    if (!cap || !PyTuple_Check(cap) || PyTuple_GET_SIZE(cap) != 2) {
+        result = PyErr_Occurred() ? -1 : 0; /* not a capture size: the general path */
+        goto done;
+    }
+    cap_rows = PyLong_AsSsize_t(PyTuple_GET_ITEM(cap, 0));
+    cap_cols = PyLong_AsSsize_t(PyTuple_GET_ITEM(cap, 1));
+    if (PyErr_Occurred() || attr_ssize(slot, s_ndim, &ndim) < 0) goto done;
+    if (!(lo = PyObject_GetAttr(slot, s_lo)) || !(hi = PyObject_GetAttr(slot, s_hi))) goto done;
+    int ok = accept_one(src, ndim, cap_rows, cap_cols, lo, hi, &rows, &width);
+    if (ok <= 0) {
+        result = ok;
+        goto done;
+    }
+    if (n >= 0) { /* the rows must stand for n requests (the general path names a disagreement) */
+        if (!(table = PyObject_GetAttr(slot, s_rows_of_requests))) goto done;
+        if (table != Py_None) {
+            if (!PyTuple_Check(table) || n >= PyTuple_GET_SIZE(table)) {
+                result = 0;
+                goto done;
+            }
+            Py_ssize_t want = PyLong_AsSsize_t(PyTuple_GET_ITEM(table, n));
+            if (want == -1 && PyErr_Occurred()) goto done;
+            if (want != rows) {
+                result = 0;
+                goto done;
+            }
+        }
+    }
+    PyObject *rv = PyLong_FromSsize_t(rows), *wv = PyLong_FromSsize_t(width);
+    PyObject *p = rv && wv ? prepared->tp_alloc(prepared, 5) : NULL;
+    if (!p) {
+        Py_XDECREF(rv);
+        Py_XDECREF(wv);
+        goto done;
+    }
+    PyTuple_SET_ITEM(p, 0, Py_NewRef(slot));
+    PyTuple_SET_ITEM(p, 1, Py_NewRef(src));
+    PyTuple_SET_ITEM(p, 2, Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(p, 3, rv);
+    PyTuple_SET_ITEM(p, 4, wv);
+    *out = p;
+    result = 1;
+done:
+    Py_XDECREF(dtype);
+    Py_XDECREF(fast);
+    Py_XDECREF(capacity);
+    Py_XDECREF(lo);
+    Py_XDECREF(hi);
+    Py_XDECREF(table);
+    return result;
+}
+
+/* accept_all(sources, slots, size, n, prepared, ndarray) -> [Prepared] | None
+ * check_source's native path for every source of a mapping in one call: each an exact numpy array whose
+ * dtype its slot casts safely (slot.fast), accepted whole by accept at capture size `size`, its rows those
+ * of n live requests (n None: not checked). A list of Prepared (slot, host, None, rows, width) in the
+ * mapping's order; None when any source needs the general path (which then accepts it or names what is
+ * wrong). Reads the sources' memory only. */
+static PyObject *gb_accept_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6 || !PyDict_CheckExact(args[0]) || !PyDict_Check(args[1]) || !PyType_Check(args[4]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[4], &PyTuple_Type) || !PyType_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "accept_all(sources: dict, slots: dict, size, n, prepared: tuple type, ndarray: type)");
+        return NULL;
+    }
+    PyObject *sources = args[0], *slots = args[1], *size = args[2];
+    Py_ssize_t n = -1;
+    if (args[3] != Py_None && as_ssize(args[3], &n, "n") < 0) return NULL;
+    PyTypeObject *prepared = (PyTypeObject *)args[4], *ndarray = (PyTypeObject *)args[5];
+    PyObject *out = PyList_New(PyDict_GET_SIZE(sources));
+    if (!out) return NULL;
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *name, *src;
+    while (PyDict_Next(sources, &pos, &name, &src)) {
+        PyObject *p = NULL;
+        int ok = Py_TYPE(src) == ndarray ? accept_item(name, src, slots, size, n, prepared, &p) : 0;
+        if (ok <= 0) {
+            Py_DECREF(out);
+            if (ok < 0) return NULL;
+            Py_RETURN_NONE;
+        }
+        PyList_SET_ITEM(out, i++, p);
+    }
+    return out;
 }
 
 /* -------------------------------------------------------------------------------------------- write */
@@ -646,12 +770,21 @@ static PyMethodDef methods[] = {
     {"fit", (PyCFunction)(void (*)(void))gb_fit, METH_FASTCALL, "Values of a region within lo..hi."},
     {"accept", (PyCFunction)(void (*)(void))gb_accept, METH_FASTCALL, "A whole source that needs no more checks."},
     {"write", (PyCFunction)(void (*)(void))gb_write, METH_FASTCALL, "The live-row write of a refresh."},
+    {"accept_all", (PyCFunction)(void (*)(void))gb_accept_all, METH_FASTCALL, "Every source of a mapping at once."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_fast = PyUnicode_InternFromString("fast");
+    s_capacity = PyUnicode_InternFromString("capacity");
+    s_ndim = PyUnicode_InternFromString("ndim");
+    s_lo = PyUnicode_InternFromString("lo");
+    s_hi = PyUnicode_InternFromString("hi");
+    s_rows_of_requests = PyUnicode_InternFromString("rows_of_requests");
+    if (!s_dtype || !s_fast || !s_capacity || !s_ndim || !s_lo || !s_hi || !s_rows_of_requests) return NULL;
     PyObject *mod = PyModule_Create(&module);
     if (mod != NULL && PyModule_AddIntConstant(mod, "STREAM_MIN", (long)stream_min) < 0) {
         Py_DECREF(mod);

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphbuf.buffers import native
 from graphbuf.buffers.bound import BoundSources
 from graphbuf.buffers.layout import Layout
 from graphbuf.buffers.validate import Prepared, check_num_reqs, check_source, live_requests
@@ -68,6 +69,15 @@ def prepare_mapping(
     """
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
+    need = layout.required if required is None else required
+    kernel = native.KERNEL
+    if kernel is not None:  # every source accepted whole in one native call, or None: the loop below
+        fast = kernel.accept_all(sources, layout.slots, size, num_reqs, Prepared, np.ndarray)
+        if fast is not None:
+            if not need.issubset(sources):
+                raise layout.missing_error(label, layout.required.difference(need).union(sources))
+            live = num_reqs if num_reqs is not None else live_requests(layout, fast, size, None, label)
+            return fast, live
     prepared = []
     other = False
     for name, src in sources.items():
@@ -83,7 +93,6 @@ def prepare_mapping(
             else p
             for p, (name, src) in zip(prepared, sources.items())
         ]
-    need = layout.required if required is None else required
     if not need.issubset(sources):
         raise layout.missing_error(label, layout.required.difference(need).union(sources))
     return prepared, live_requests(layout, prepared, size, num_reqs, label)

@@ -122,6 +122,7 @@ class StaticBuffers:
             "StaticBuffers per thread or serialize the calls"
         )
         self._staging = StagingArea(self.layout, self._commit, full, self.slab, self._guard)
+        self._try_lock, self._unlock = self._guard.lock.acquire, self._guard.release  # refresh's, frame-free
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -186,8 +187,8 @@ class StaticBuffers:
         rows captured at ``size``). Cost: the live cells plus the cells earlier refreshes dirtied
         (:attr:`stats`).
         """
-        guard = self._guard
-        guard.enter("refresh()")
+        if not self._try_lock(False):
+            raise self._guard.busy("refresh()")
         try:
             if type(size) is not int or size not in self._views:
                 raise self.layout.size_error("refresh", size)
@@ -196,7 +197,7 @@ class StaticBuffers:
                     return self._refresh(size, sources, num_reqs, widths, strict)
             return self._refresh(size, sources, num_reqs, widths, strict)
         finally:
-            guard.release()
+            self._unlock()
 
     def _refresh(self, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
         """Prepare (every check, staged cells included), then commit (every write)."""

@@ -544,6 +544,40 @@ def test_accept_leaves_everything_else_to_the_general_path() -> None:
 
 
 @needs_kernel
+def test_accept_all_is_check_source_for_every_source_or_none() -> None:
+    """``accept_all``: the Prepared records check_source gives, in the mapping's order, when every source
+    takes the native path at a capture size with rows agreeing with ``n``; None otherwise."""
+    from graphbuf.buffers.validate import Prepared, check_source
+
+    sb = StaticBuffers("gemma4-31b-it-mtp", overrides={"num_blocks": 64})
+    slots = sb.layout.slots
+    srcs = {
+        "seq_lens": np.array([5, 9], np.int32),
+        "block_table.full": np.array([[1, 2], [3, 4]], np.int16),  # a safe, narrower dtype
+        "query_start_loc": np.array([0, 4, 8], np.int32),
+    }
+    got = KERNEL.accept_all(srcs, slots, 8, 2, Prepared, np.ndarray)
+    want = [check_source(sb.layout, k, v, 8, "r", False, sb.device) for k, v in srcs.items()]
+    assert [type(p) for p in got] == [Prepared] * 3
+    assert [(p.slot, p.host, p.dev, p.rows, p.width) for p in got] == [tuple(p) for p in want]
+    assert KERNEL.accept_all(srcs, slots, 8, None, Prepared, np.ndarray) == got  # n not checked
+    assert KERNEL.accept_all({}, slots, 8, 2, Prepared, np.ndarray) == []
+    for bad in (
+        {**srcs, "seq_lens": [5, 9]},  # a list: converted on the general path
+        {**srcs, "seq_lens": np.array([5, 9], np.int64)},  # needs a value check to cast
+        {**srcs, "seq_lens": np.array([5, 9000], np.int32)},  # above max: the general path names it
+        {**srcs, "unknown": np.zeros(2, np.int32)},
+        {**srcs, "seq_lens": np.array([5, 9, 1], np.int32)},  # 3 rows for 2 requests
+    ):
+        assert KERNEL.accept_all(bad, slots, 8, 2, Prepared, np.ndarray) is None
+    eager = sb.capture_sizes[-1] + 4
+    assert KERNEL.accept_all(srcs, slots, eager, 2, Prepared, np.ndarray) is None  # not a capture size
+    assert KERNEL.accept_all(srcs, slots, 8, 9, Prepared, np.ndarray) is None  # beyond the table
+    with pytest.raises(TypeError, match="accept_all"):
+        KERNEL.accept_all(list(srcs.items()), slots, 8, 2, Prepared, np.ndarray)
+
+
+@needs_kernel
 def test_fit_signed_with_lo_0_and_hi_above_the_dtype() -> None:
     """Regression (B1, fixed in 394d3e3): the unsigned-max shortcut must not take a signed array whose
     ``hi`` lies above its dtype's max (a negative value viewed unsigned would pass)."""
