@@ -18,6 +18,9 @@ Benchmarks, in order, each in this process (JSON file in ``--out``):
   ``graphbuf plan``'s figures for them), time, agreement.
 * ``cli`` (``cli.json``): ``graphbuf check`` wall time on the shipped spec in fresh interpreters (target
   ≤ 0.3 s; ``bench/bench_cli.py``).
+* ``steps`` (``steps.json``): a decode step's refresh at 128K × 256 when only what changed is written: a
+  vLLM-style copy, unchecked staged writes, graphbuf's bound and staged refreshes (``bench/bench_steps.py``;
+  plotted to ``refresh_steps.png`` beside ``--plot``).
 * ``drill`` (``drill.json``): ``graphbuf drill`` on the shipped spec by phase (import, capture, refresh, task
   update, replay, eager reference, compare, ...; ``bench/bench_drill.py``; ``--quick``: 2 replays, not 60).
 
@@ -47,6 +50,7 @@ import bench_decode
 import bench_drill
 import bench_emulator
 import bench_refresh
+import bench_steps
 import bench_verify
 from common import write_json
 
@@ -109,6 +113,13 @@ def _cli(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
     return [write_json(out / "cli.json", "cli", res)]
 
 
+def _steps(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
+    res = bench_steps.run(quick=quick)
+    print(bench_steps.render(res))
+    png = plot.with_name("refresh_steps.png")
+    return [write_json(out / "steps.json", "steps", res), bench_steps.plot(res, png)]
+
+
 def _drill(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
     res = bench_drill.run(replays=2 if quick else 60, threads=threads)
     print(bench_drill.render(res))
@@ -126,6 +137,7 @@ BENCHMARKS: dict[str, Callable[[bool, Path, Path, int], list[Path]]] = {
     "verify": _verify,
     "decode": _decode,
     "cli": _cli,
+    "steps": _steps,
     "drill": _drill,
 }
 

@@ -23,24 +23,38 @@ bytes and raises the same errors.
 
 from __future__ import annotations
 
-import importlib
 import os
 from types import ModuleType
 
 __all__ = ["KERNEL", "STAGED"]
 
 
-def _load(name: str) -> ModuleType | None:
-    if os.environ.get("GRAPHBUF_NATIVE", "1") == "0":
+def _enabled() -> bool:
+    return os.environ.get("GRAPHBUF_NATIVE", "1") != "0"
+
+
+def _load_refresh() -> ModuleType | None:
+    if not _enabled():
         return None
     try:
-        return importlib.import_module(f"graphbuf.buffers.{name}")
+        from graphbuf.buffers import _native
     except ImportError:
         return None
+    return _native
+
+
+def _load_staged() -> ModuleType | None:
+    if not _enabled():
+        return None
+    try:
+        from graphbuf.buffers import _staged
+    except ImportError:
+        return None
+    return _staged
 
 
 #: The compiled refresh kernel, or None (numpy path). Read at call time, so tests may swap it.
-KERNEL: ModuleType | None = _load("_native")
+KERNEL: ModuleType | None = _load_refresh()
 #: The compiled staged-write host state (``_staged.Staged``, ``_staged.commit``), or None (the Python host
 #: state, :mod:`graphbuf.buffers.staged`). Read when a staged buffer is made, so tests may swap it.
-STAGED: ModuleType | None = _load("_staged")
+STAGED: ModuleType | None = _load_staged()
