@@ -16,12 +16,14 @@ setup(
         Extension(
             "graphbuf.buffers._native",
             ["graphbuf/buffers/_native.c"],
+            depends=["graphbuf/buffers/_kinds.h"],
             extra_compile_args=FLAGS,
             optional=True,
         ),
         Extension(
             "graphbuf.buffers._staged",
             ["graphbuf/buffers/_staged.c"],
+            depends=["graphbuf/buffers/_kinds.h"],
             extra_compile_args=FLAGS,
             optional=True,
         ),

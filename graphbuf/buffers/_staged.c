@@ -30,23 +30,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { K_NONE = 0, K_SIGNED, K_UNSIGNED, K_BOOL, K_FLOAT };
-
-static int kind_of(const Py_buffer *v) {
-    const char *f = v->format ? v->format : "B";
-    const uint16_t one = 1;
-    const char native_order = *(const uint8_t *)&one ? '<' : '>';
-    if (*f == '@' || *f == '=' || *f == native_order) f++;
-    else if (*f == '<' || *f == '>' || *f == '!') return K_NONE;
-    if (f[0] == '\0' || f[1] != '\0') return K_NONE;
-    switch (f[0]) {
-    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': return K_SIGNED;
-    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N': return K_UNSIGNED;
-    case '?': return K_BOOL;
-    case 'e': case 'f': case 'd': return K_FLOAT;
-    default: return K_NONE;
-    }
-}
+#include "_kinds.h"
 
 /* Bounds: 0 none; 1 the value; 2 beyond int64 above; -2 beyond int64 below. */
 typedef struct {
@@ -199,6 +183,24 @@ static int int_fits(int kind, Py_ssize_t isz, PyObject *o, char *dst) {
     }
 }
 
+/* A 1-D contiguous buffer of kind and item size (not bytes): 1 and v filled, else 0 (nothing held). */
+static int plain_array(PyObject *o, int kind, Py_ssize_t isz, Vals *v) {
+    if (!PyObject_CheckBuffer(o) || PyBytes_Check(o) || PyByteArray_Check(o)) return 0;
+    if (PyObject_GetBuffer(o, &v->view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    v->held = 1;
+    Py_buffer *b = &v->view;
+    if (!(b->ndim == 1 && b->itemsize == isz && kind_of(b) == kind &&
+          (b->shape[0] <= 1 || !b->strides || b->strides[0] == isz))) {
+        vals_release(v);
+        return 0;
+    }
+    v->data = b->buf, v->k = b->shape[0];
+    return 1;
+}
+
 /* 1: plain (v filled); 0: not plain; -1: error (memory). */
 static int plain_values(const Staged *s, PyObject *o, Vals *v) {
     v->held = 0, v->tmp = NULL, v->k = 0, v->data = NULL;
@@ -220,40 +222,13 @@ static int plain_values(const Staged *s, PyObject *o, Vals *v) {
         v->data = v->tmp, v->k = k;
         return 1;
     }
-    if (!PyObject_CheckBuffer(o) || PyBytes_Check(o) || PyByteArray_Check(o)) return 0;
-    if (PyObject_GetBuffer(o, &v->view, PyBUF_RECORDS_RO) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    v->held = 1;
-    Py_buffer *b = &v->view;
-    int ok = b->ndim == 1 && b->itemsize == s->isz && kind_of(b) == s->kind &&
-             (b->shape[0] <= 1 || !b->strides || b->strides[0] == b->itemsize);
-    if (!ok) {
-        vals_release(v);
-        return 0;
-    }
-    v->data = b->buf, v->k = b->shape[0];
-    return 1;
+    return plain_array(o, s->kind, s->isz, v);
 }
 
 /* An int64 index array in plain form (scatter's rows and cols). */
 static int plain_int64(PyObject *o, Vals *v) {
     v->held = 0, v->tmp = NULL;
-    if (!PyObject_CheckBuffer(o) || PyBytes_Check(o) || PyByteArray_Check(o)) return 0;
-    if (PyObject_GetBuffer(o, &v->view, PyBUF_RECORDS_RO) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    v->held = 1;
-    Py_buffer *b = &v->view;
-    if (!(b->ndim == 1 && b->itemsize == 8 && kind_of(b) == K_SIGNED &&
-          (b->shape[0] <= 1 || !b->strides || b->strides[0] == 8))) {
-        vals_release(v);
-        return 0;
-    }
-    v->data = b->buf, v->k = b->shape[0];
-    return 1;
+    return plain_array(o, K_SIGNED, 8, v);
 }
 
 /* Arguments by position or keyword into out[0..n), defaults kept; -1 with TypeError otherwise. */
@@ -498,51 +473,46 @@ static int rows_of_args(Staged *s, const char *op, PyObject *const *args, Py_ssi
     return 0;
 }
 
-static PyObject *st_clear_row(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    static const char *const names[] = {"row"};
-    Py_ssize_t r[1];
-    if (take(s, "clear_row") < 0) return NULL;
-    int err = rows_of_args(s, "clear_row", args, nargs, kwnames, names, 1, r);
-    if (!err) {
-        if (s->wide) {
-            int64_t *ln = lens(s), old = ln[r[0]], start = (int64_t)r[0] * s->width;
-            if (old) {
-                fill_pad(s, start, old);
-                ln[r[0]] = 0;
-                err = push_run(s, start, start + old);
-            }
-        } else {
-            fill_pad(s, r[0], 1);
-            err = push_run(s, r[0], r[0] + 1);
-        }
-    }
+/* A write naming only rows (clear_row, move_row, swap_rows): guard, rows in plain form, then apply(rows). */
+static PyObject *row_op(Staged *s, const char *op, const char *const *names, int n, PyObject *const *args,
+                        Py_ssize_t nargs, PyObject *kwnames, int (*apply)(Staged *, const Py_ssize_t *)) {
+    Py_ssize_t r[2];
+    if (take(s, op) < 0) return NULL;
+    int err = rows_of_args(s, op, args, nargs, kwnames, names, n, r);
+    if (!err) err = apply(s, r);
     give(s);
     if (err) return NULL;
     Py_RETURN_NONE;
 }
 
-static PyObject *st_move_row(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    static const char *const names[] = {"src", "dst"};
-    Py_ssize_t r[2];
-    if (take(s, "move_row") < 0) return NULL;
-    int err = rows_of_args(s, "move_row", args, nargs, kwnames, names, 2, r);
-    if (!err && r[0] != r[1]) {
-        Py_ssize_t src = r[0], dst = r[1];
-        if (s->wide) {
-            int64_t *ln = lens(s), k = ln[src], old = ln[dst], w = s->width;
-            if (k) memmove(at(s, dst * w), at(s, src * w), (size_t)(k * s->isz));
-            if (old > k) fill_pad(s, dst * w + k, old - k);
-            ln[dst] = k;
-            err = push_run(s, dst * w, dst * w + (k > old ? k : old));
-        } else {
-            memmove(at(s, dst), at(s, src), (size_t)s->isz);
-            err = push_run(s, dst, dst + 1);
-        }
-        if (dst >= s->top) s->top = dst + 1;
+static int do_clear_row(Staged *s, const Py_ssize_t *r) {
+    if (!s->wide) {
+        fill_pad(s, r[0], 1);
+        return push_run(s, r[0], r[0] + 1);
     }
-    give(s);
-    if (err) return NULL;
-    Py_RETURN_NONE;
+    int64_t *ln = lens(s), old = ln[r[0]], start = (int64_t)r[0] * s->width;
+    if (!old) return 0;
+    fill_pad(s, start, old);
+    ln[r[0]] = 0;
+    return push_run(s, start, start + old);
+}
+
+static int do_move_row(Staged *s, const Py_ssize_t *r) {
+    Py_ssize_t src = r[0], dst = r[1];
+    if (src == dst) return 0;
+    int err;
+    if (s->wide) {
+        int64_t *ln = lens(s), k = ln[src], old = ln[dst], w = s->width;
+        if (k) memmove(at(s, dst * w), at(s, src * w), (size_t)(k * s->isz));
+        if (old > k) fill_pad(s, dst * w + k, old - k);
+        ln[dst] = k;
+        err = push_run(s, dst * w, dst * w + (k > old ? k : old));
+    } else {
+        memmove(at(s, dst), at(s, src), (size_t)s->isz);
+        err = push_run(s, dst, dst + 1);
+    }
+    if (dst >= s->top) s->top = dst + 1;
+    return err;
 }
 
 static void swap_bytes(char *x, char *y, size_t n) {
@@ -554,28 +524,34 @@ static void swap_bytes(char *x, char *y, size_t n) {
     }
 }
 
+static int do_swap_rows(Staged *s, const Py_ssize_t *r) {
+    Py_ssize_t i = r[0], j = r[1];
+    if (i == j) return 0;
+    int64_t w = s->width, k = 1;
+    if (s->wide) {
+        int64_t *ln = lens(s), t = ln[i];
+        k = ln[i] > ln[j] ? ln[i] : ln[j];
+        ln[i] = ln[j], ln[j] = t;
+    }
+    swap_bytes(at(s, i * w), at(s, j * w), (size_t)(k * s->isz));
+    if (i + 1 > s->top) s->top = i + 1;
+    if (j + 1 > s->top) s->top = j + 1;
+    return push_run(s, i * w, i * w + k) || push_run(s, j * w, j * w + k) ? -1 : 0;
+}
+
+static PyObject *st_clear_row(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"row"};
+    return row_op(s, "clear_row", names, 1, args, nargs, kwnames, do_clear_row);
+}
+
+static PyObject *st_move_row(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"src", "dst"};
+    return row_op(s, "move_row", names, 2, args, nargs, kwnames, do_move_row);
+}
+
 static PyObject *st_swap_rows(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     static const char *const names[] = {"a", "b"};
-    Py_ssize_t r[2];
-    if (take(s, "swap_rows") < 0) return NULL;
-    int err = rows_of_args(s, "swap_rows", args, nargs, kwnames, names, 2, r);
-    if (!err && r[0] != r[1]) {
-        Py_ssize_t i = r[0], j = r[1];
-        if (s->wide) {
-            int64_t *ln = lens(s), w = s->width, k = ln[i] > ln[j] ? ln[i] : ln[j], t = ln[i];
-            swap_bytes(at(s, i * w), at(s, j * w), (size_t)(k * s->isz));
-            ln[i] = ln[j], ln[j] = t;
-            err = push_run(s, i * w, i * w + k) || push_run(s, j * w, j * w + k) ? -1 : 0;
-        } else {
-            swap_bytes(at(s, i), at(s, j), (size_t)s->isz);
-            err = push_run(s, i, i + 1) || push_run(s, j, j + 1) ? -1 : 0;
-        }
-        if (i + 1 > s->top) s->top = i + 1;
-        if (j + 1 > s->top) s->top = j + 1;
-    }
-    give(s);
-    if (err) return NULL;
-    Py_RETURN_NONE;
+    return row_op(s, "swap_rows", names, 2, args, nargs, kwnames, do_swap_rows);
 }
 
 static PyObject *st_scatter(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {

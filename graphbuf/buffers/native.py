@@ -29,32 +29,22 @@ from types import ModuleType
 __all__ = ["KERNEL", "STAGED"]
 
 
-def _enabled() -> bool:
-    return os.environ.get("GRAPHBUF_NATIVE", "1") != "0"
-
-
-def _load_refresh() -> ModuleType | None:
-    if not _enabled():
-        return None
+def _load() -> tuple[ModuleType | None, ModuleType | None]:
+    if os.environ.get("GRAPHBUF_NATIVE", "1") == "0":
+        return None, None
     try:
         from graphbuf.buffers import _native
     except ImportError:
-        return None
-    return _native
-
-
-def _load_staged() -> ModuleType | None:
-    if not _enabled():
-        return None
+        _native = None  # type: ignore[assignment]
     try:
         from graphbuf.buffers import _staged
     except ImportError:
-        return None
-    return _staged
+        _staged = None  # type: ignore[assignment]
+    return _native, _staged
 
 
-#: The compiled refresh kernel, or None (numpy path). Read at call time, so tests may swap it.
-KERNEL: ModuleType | None = _load_refresh()
-#: The compiled staged-write host state (``_staged.Staged``, ``_staged.commit``), or None (the Python host
-#: state, :mod:`graphbuf.buffers.staged`). Read when a staged buffer is made, so tests may swap it.
-STAGED: ModuleType | None = _load_staged()
+#: The compiled refresh kernel (:data:`KERNEL`) and staged-write host state (:data:`STAGED`:
+#: ``_staged.Staged``, ``_staged.commit``), or None (the numpy path; the Python host state of
+#: :mod:`graphbuf.buffers.staged`). Read at call time (STAGED: when a staged buffer is made), so tests may
+#: swap them.
+KERNEL, STAGED = _load()
