@@ -71,6 +71,19 @@ def test_readme_test_command_is_what_ci_runs_and_keeps_pip_quiet() -> None:
     assert "tests/integration/real_vllm_ascend/install.py" in readme
 
 
+def test_ci_stops_when_the_readme_test_command_fails(tmp_path: Path) -> None:
+    """A failure anywhere in the README command's && chain (an install out of disk space, a failing test)
+    fails .ci/run: at top level, set -e would let a failed chain through and CI would end green."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = _test_command(ci)
+    script = ci.replace(readme, "true && false && true").replace(".ci/sanitize", "echo REACHED")
+    script = script.replace('cd "$(dirname "$0")/.."', "")
+    path = tmp_path / "run"
+    path.write_text(script)
+    got = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=30)
+    assert got.returncode != 0 and "REACHED" not in got.stdout, got
+
+
 def test_harness_pins_every_package_and_never_torch() -> None:
     for name in ("requirements.txt", "build-requirements.txt"):
         pins = [line for line in (REAL / name).read_text().splitlines() if line and not line.startswith("#")]
