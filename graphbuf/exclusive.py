@@ -16,21 +16,20 @@ class Exclusive:
     """A non-blocking lock: ``with guard.hold("refresh()"):`` runs the block, or raises
     :class:`ConcurrentUseError` (``busy`` formatted with ``{call}``) while another caller holds it."""
 
-    __slots__ = ("_busy", "_lock", "lock", "release")
+    __slots__ = ("_busy", "lock", "release")
 
     def __init__(self, busy: str) -> None:
         self._busy = busy
-        self._lock = threading.Lock()
-        #: The lock itself, for native callers that take it without waiting (``acquire(False)``).
-        self.lock = self._lock
+        #: The lock itself; native callers (staged writes) take it without waiting (``acquire(False)``).
+        self.lock = threading.Lock()
         #: Release the guard taken by :meth:`enter` (the lock's own method: no Python frame on the hot path).
-        self.release = self._lock.release
+        self.release = self.lock.release
 
     def enter(self, call: str) -> None:
         """Take the guard for ``call`` without a ``with`` block; pair with :meth:`release` in ``finally``
         (the form :meth:`graphbuf.StaticBuffers.refresh` uses: two calls fewer per refresh)."""
-        if not self._lock.acquire(blocking=False):
-            raise ConcurrentUseError(self._busy.format(call=call))
+        if not self.lock.acquire(False):
+            raise self.busy(call)
 
     def busy(self, call: str) -> ConcurrentUseError:
         """The error a second caller of ``call`` gets."""
@@ -38,8 +37,8 @@ class Exclusive:
 
     def hold(self, call: str) -> Exclusive:
         """Take the guard for ``call``; the ``with`` block that follows releases it."""
-        if not self._lock.acquire(blocking=False):
-            raise ConcurrentUseError(self._busy.format(call=call))
+        if not self.lock.acquire(False):
+            raise self.busy(call)
         return self
 
     def __enter__(self) -> None:
@@ -48,4 +47,4 @@ class Exclusive:
     def __exit__(
         self, tp: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._lock.release()
+        self.lock.release()

@@ -69,15 +69,22 @@ def prepare_mapping(
     """
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
+    kernel = native.KERNEL  # every source accepted whole in one native call, or None: the loop below
+    prepared = (
+        kernel.accept_all(sources, layout.slots, size, num_reqs, Prepared, np.ndarray) if kernel else None
+    )
+    if prepared is None:
+        prepared = _checked(layout, sources, size, label, strict, device)
     need = layout.required if required is None else required
-    kernel = native.KERNEL
-    if kernel is not None:  # every source accepted whole in one native call, or None: the loop below
-        fast = kernel.accept_all(sources, layout.slots, size, num_reqs, Prepared, np.ndarray)
-        if fast is not None:
-            if not need.issubset(sources):
-                raise layout.missing_error(label, layout.required.difference(need).union(sources))
-            live = num_reqs if num_reqs is not None else live_requests(layout, fast, size, None, label)
-            return fast, live
+    if not need.issubset(sources):
+        raise layout.missing_error(label, layout.required.difference(need).union(sources))
+    return prepared, live_requests(layout, prepared, size, num_reqs, label)
+
+
+def _checked(
+    layout: Layout, sources: dict[str, Any], size: int, label: str, strict: bool, device: torch.device
+) -> list[Prepared]:
+    """Every source through :func:`check_source`, in the mapping's order."""
     prepared = []
     other = False
     for name, src in sources.items():
@@ -88,11 +95,9 @@ def prepare_mapping(
     if other:  # converting a list (numpy reads the objects in it) or a subclass may run code that changes a
         # source checked before it: check the plain arrays and tensors again, after the last such code ran
         prepared = [
-            check_source(layout, name, src, size, label, strict=strict, device=device)
+            check_source(layout, name, src, size, label, strict, device)
             if type(src) is np.ndarray or type(src) is torch.Tensor
             else p
             for p, (name, src) in zip(prepared, sources.items())
         ]
-    if not need.issubset(sources):
-        raise layout.missing_error(label, layout.required.difference(need).union(sources))
-    return prepared, live_requests(layout, prepared, size, num_reqs, label)
+    return prepared

@@ -122,7 +122,6 @@ class StaticBuffers:
             "StaticBuffers per thread or serialize the calls"
         )
         self._staging = StagingArea(self.layout, self._commit, full, self.slab, self._guard)
-        self._try_lock, self._unlock = self._guard.lock.acquire, self._guard.release  # refresh's, frame-free
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -187,8 +186,8 @@ class StaticBuffers:
         rows captured at ``size``). Cost: the live cells plus the cells earlier refreshes dirtied
         (:attr:`stats`).
         """
-        if not self._try_lock(False):
-            raise self._guard.busy("refresh()")
+        guard = self._guard
+        guard.enter("refresh()")
         try:
             if type(size) is not int or size not in self._views:
                 raise self.layout.size_error("refresh", size)
@@ -197,19 +196,13 @@ class StaticBuffers:
                     return self._refresh(size, sources, num_reqs, widths, strict)
             return self._refresh(size, sources, num_reqs, widths, strict)
         finally:
-            self._unlock()
+            guard.release()
 
     def _refresh(self, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
         """Prepare (every check, staged cells included), then commit (every write)."""
         staging = self._staging
         label = self._labels[size]
-        if type(sources) is dict and widths is None:  # read_call's answer for a plain dict, without the call
-            prepared, live = prepare_mapping(
-                self.layout, sources, size, num_reqs, label, strict=self.strict if strict is None else strict,
-                device=self.device, required=staging.required,
-            )  # fmt: skip
-        else:
-            prepared, live = self._prepare(label, size, sources, num_reqs, widths, strict, staging.required)
+        prepared, live = self._prepare(label, size, sources, num_reqs, widths, strict, staging.required)
         if not staging.names:
             self._commit.write(prepared, size)
             return live
