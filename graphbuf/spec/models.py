@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -739,16 +740,30 @@ def shipped_specs() -> dict[str, Path]:
 
 
 def resolve_spec_path(path_or_name: str | Path) -> Path:
-    """A spec file path, or a shipped spec's name (with or without ``.yaml``) → an existing file."""
+    """A spec file path, or a shipped spec's bare name (with or without ``.yaml``, no directory part) → an
+    existing file. A path never resolves to a shipped spec: ``x/gemma4-tiny-model.yaml`` that does not exist
+    is an error, not the shipped spec of that name."""
     path = Path(path_or_name)
-    if path.is_file():
-        return path
-    if path.is_dir():
+    try:
+        if path.is_file():
+            return path
+        is_dir = path.is_dir()
+    except OSError as exc:  # e.g. a name over the OS's limit (ENAMETOOLONG)
+        shown = _short(str(path_or_name))
+        raise SpecError(f"{shown}: cannot be used as a spec path: {exc.strerror}") from None
+    if is_dir:
         raise SpecError(f"{path_or_name}: is a directory; a spec is a YAML file (e.g. {path}/spec.yaml)")
     shipped = shipped_specs()
+    text = str(path_or_name)
+    bare = "/" not in text and os.sep not in text  # a name, not a path
     key = path.name[:-5] if path.name.endswith(".yaml") else path.name
-    if key in shipped and (path.parent == Path(".") or not path.exists()):
+    if bare and key in shipped:
         return shipped[key]
+    if key in shipped:
+        raise SpecError(
+            f"{path_or_name}: no such spec file; a path never names a shipped spec (give the bare name "
+            f"{key!r} for the shipped one)"
+        )
     raise SpecError(
         f"{path_or_name}: no such spec file and no shipped spec of that name; shipped: "
         f"{', '.join(sorted(shipped)) or '(none)'}"
