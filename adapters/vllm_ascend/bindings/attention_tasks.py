@@ -108,7 +108,8 @@ class LargeHeadBinding:
     Args:
         group: the KV group whose ``block_table.<group>`` the layers read (``seq_lens`` is shared).
         q_len: verify query length per request (``tokens_per_request``).
-        scale: softmax scale (default ``head_dim ** -0.5``).
+        scale: softmax scale, required: the model's own (Gemma4: 1.0, q and k RMS-normed), never a guess
+            from the head size (``1/sqrt(512)`` is 22.6× off Gemma4's).
         verify_mode: ``"dense"`` (paged KV gathered to dense BNSD) or ``"blockwise"`` (chunked online softmax,
             workspace bounded by ``chunk_blocks``).
         decode_mode: ``"paged"`` (paged kernel, host KV lengths re-issued before each replay) or ``"dense"``
@@ -120,12 +121,13 @@ class LargeHeadBinding:
         *,
         group: str | None = "full",
         q_len: int,
-        head_dim: int,
-        scale: float | None = None,
+        scale: float,
         verify_mode: str = "dense",
         chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
         decode_mode: str = "paged",
     ) -> None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+            raise ValueError(f"scale {scale!r}: must be a finite number > 0 (the model's softmax scale)")
         if verify_mode not in VERIFY_MODES:
             raise ValueError(f"verify_mode {verify_mode!r}; allowed: {', '.join(VERIFY_MODES)}")
         if decode_mode not in DECODE_MODES:
@@ -133,7 +135,7 @@ class LargeHeadBinding:
         self.decode_mode = decode_mode
         self.group = group
         self.q_len = q_len
-        self.scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+        self.scale = float(scale)
         self.verify_mode = verify_mode
         self.chunk_blocks = chunk_blocks
 
@@ -279,7 +281,7 @@ class Gemma4AttentionTask:
     def bind(self, buffers: StaticBuffers, generator: torch.Generator) -> None:
         p = buffers.plan
         self.binding = LargeHeadBinding(
-            group=self.group, q_len=p.tokens_per_request, head_dim=self.head_dim, scale=self.scale,
+            group=self.group, q_len=p.tokens_per_request, scale=self.scale,
             verify_mode=self.verify_mode, chunk_blocks=self.chunk_blocks, decode_mode=self.decode_mode,
         )  # fmt: skip
         self.capture_requests = {s: s // p.tokens_per_request for s in p.capture_sizes}

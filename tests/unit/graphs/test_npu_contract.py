@@ -82,7 +82,7 @@ def test_finding_1_masked_attention_is_graph_capable(npu, path):
 def test_finding_1_verify_task_through_binding(npu):
     query, kc, vc, table, lens = make_case([300, 5, 129], 3, DTYPE, 4, "cpu")
     out = torch.zeros_like(query)
-    binding = LargeHeadBinding(group=None, q_len=3, head_dim=HEAD_DIM)
+    binding = LargeHeadBinding(group=None, q_len=3, scale=SCALE)
     views = {"block_table": table, "seq_lens": lens}
     graph = Graph("npu")
     with torch.no_grad(), graph.capture():
@@ -99,7 +99,7 @@ def test_finding_1_verify_task_through_binding(npu):
 def _capture_decode(npu, start_lens, seed=6):
     query, kc, vc, table, lens = make_case(start_lens, 1, DTYPE, seed, "cpu")
     out = torch.zeros_like(query)
-    binding = LargeHeadBinding(group=None, q_len=1, head_dim=HEAD_DIM)
+    binding = LargeHeadBinding(group=None, q_len=1, scale=SCALE)
     views = {"block_table": table, "seq_lens": lens}
     graph = Graph("npu")
     host = {TaskKind.ATTENTION.value: {"seq_lens_kv": list(start_lens)}}
@@ -352,7 +352,7 @@ def test_capture_leaves_caller_tensors_viewed_inside_it_untouched(npu):
 def _capture_decode_on(static, start_lens):
     query, kc, vc, table, lens = static
     out = torch.zeros_like(query)
-    binding = LargeHeadBinding(group=None, q_len=1, head_dim=HEAD_DIM)
+    binding = LargeHeadBinding(group=None, q_len=1, scale=SCALE)
     views = {"block_table": table, "seq_lens": lens}
     graph = Graph("npu")
     kept = []

@@ -209,7 +209,7 @@ def test_dense_decode_task_reads_device_lengths_without_host_args() -> None:
     # None at all, the scale included: a CUDA graph refuses a task with host arguments at capture.
     assert [dict(t.host_args) for t in graph.tasks] == [{}]
     with pytest.raises(ValueError, match="decode_mode 'pagd'; allowed: paged, dense"):
-        LargeHeadBinding(q_len=1, head_dim=64, decode_mode="pagd")
+        LargeHeadBinding(q_len=1, scale=1.0, decode_mode="pagd")
 
 
 def test_drill_reports_a_mismatch_as_failure() -> None:
@@ -273,3 +273,13 @@ def test_randomize_depends_only_on_the_bind_and_its_generator() -> None:
         assert any(not torch.equal(a, b) for a, b in zip(first, state(seed)))
     again = state(11)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_large_head_binding_takes_its_scale_from_the_caller() -> None:
+    """No default: ``1/sqrt(head_dim)`` built directly was 22.6x off Gemma4's 1.0 at head_dim 512."""
+    with pytest.raises(TypeError, match="scale"):
+        LargeHeadBinding(q_len=1)  # type: ignore[call-arg]
+    for bad in (0.0, -1.0, float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match="must be a finite number > 0"):
+            LargeHeadBinding(q_len=1, scale=bad)
+    assert LargeHeadBinding(q_len=4, scale=1.0).scale == 1.0

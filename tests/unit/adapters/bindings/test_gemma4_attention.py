@@ -116,7 +116,6 @@ def _routes(q_len: int, spec_scale: float) -> dict[str, Callable[..., torch.Tens
             bind = LargeHeadBinding(
                 group="full",
                 q_len=q_len,
-                head_dim=D,
                 scale=spec_scale,
                 **modes,  # type: ignore[arg-type]
             )

@@ -79,7 +79,7 @@ def _capture_binding_decode(static, lengths):
 
     query, kc, vc, table, lens = static
     out = torch.zeros_like(query)
-    binding = LargeHeadBinding(group=None, q_len=1, head_dim=HEAD_DIM)
+    binding = LargeHeadBinding(group=None, q_len=1, scale=1.0 / math.sqrt(HEAD_DIM))
     step_host = {"attention": {"seq_lens_kv": list(lengths)}}
     graph = Graph("npu")
     views = {"block_table": table, "seq_lens": lens}
