@@ -295,6 +295,13 @@ class StaticBuffers:
             )
         return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
 
+    def hold(self, call: str) -> Exclusive:
+        """These buffers' guard, taken for ``call`` until the ``with`` block that follows ends: meanwhile
+        every other call on them (a refresh, a staged write or commit, a bind) raises
+        :class:`graphbuf.ConcurrentUseError`. :meth:`graphbuf.GraphRunner.capture` holds it while it
+        captures and, after a failed size, restores the buffers."""
+        return self._guard.hold(call)
+
     def stage(self, name: str) -> StagedBuffer:
         """Staged writes to buffer ``name`` (set/append in a row, set/move/swap/clear rows, scatter),
         committed by the next ``refresh(size, sources, num_reqs=n)`` that leaves ``name`` out of ``sources``:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from graphbuf.devices import resolve_device
-from graphbuf.errors import CaptureError
+from graphbuf.errors import CaptureError, GraphbufError, TaskError
 from graphbuf.graphs.emulator import Emulator
 from graphbuf.graphs.guards import capture_guards, poison
 from graphbuf.graphs.tasks import (
@@ -224,6 +224,11 @@ class _DeviceBackend:
         return nullcontext()  # each task update goes to the device as it comes
 
 
+def _shown(args: Mapping[str, Any], limit: int = 200) -> str:
+    text = repr(dict(args))
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 class Graph:
     """A device graph: ``with g.capture(): ...`` records once, ``g.replay()`` re-runs the recording.
 
@@ -288,16 +293,48 @@ class Graph:
         """The per-step form of :meth:`update_tasks`: update every captured task whose kind has entries in
         ``host_args`` (``kind -> {name: value}``, possibly a subset of its names) that differ from the values
         it holds, merged over them; tasks of other kinds, or with nothing new, are not re-issued. Returns the
-        number of tasks re-issued."""
+        number of tasks re-issued.
+
+        All or nothing: a task whose own function rejects its new arguments raises
+        :class:`~graphbuf.errors.TaskError` naming the task and the arguments, after the tasks re-issued
+        before it got their previous arguments back."""
+        held = self.held_args()
         count = 0
         with self._backend.updating():  # the cpu emulator compiles the updated recording once
-            for task in self._tasks:
+            for i, task in enumerate(self._tasks):
                 fresh = host_args.get(str(task.kind))
                 if not fresh:
                     continue
                 merged = {**task.host_args, **fresh}
-                if merged != dict(task.host_args):
+                if merged == dict(task.host_args):
+                    continue
+                try:
                     task.update(**merged)
+                except Exception as exc:
+                    if count:
+                        self.restore_args(held)
+                    if isinstance(exc, GraphbufError):
+                        raise
+                    raise TaskError(
+                        f"task {task.kind.value!r} #{i}: re-issue with host arguments {_shown(fresh)} failed "
+                        f"in the task's own function: {type(exc).__name__}: {exc}. Nothing was re-issued; "
+                        "pass host arguments that function takes."
+                    ) from exc
+                count += 1
+        return count
+
+    def held_args(self) -> tuple[Mapping[str, object], ...]:
+        """The host arguments each captured task holds now, in capture order (for :meth:`restore_args`)."""
+        return tuple(task.host_args for task in self._tasks)
+
+    def restore_args(self, held: Sequence[Mapping[str, object]]) -> int:
+        """Re-issue every task whose host arguments are no longer the ones in ``held`` (what
+        :meth:`held_args` returned) with those; returns how many were re-issued."""
+        count = 0
+        with self._backend.updating():
+            for task, args in zip(self._tasks, held, strict=True):
+                if task.host_args is not args:
+                    task.update(**thaw_host_args(args))
                     count += 1
         return count
 

@@ -38,7 +38,7 @@ import torch
 
 from graphbuf.buffers import BoundSources, check_num_reqs, read_call, requests_hint
 from graphbuf.buffers.slab import StaticBuffers
-from graphbuf.errors import ArgumentError, CaptureError, SpecError, TaskError
+from graphbuf.errors import ArgumentError, CaptureError, SpecError, TaskError, UsageError
 from graphbuf.exclusive import Exclusive
 from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.tasks import TaskKind
@@ -192,8 +192,11 @@ class GraphRunner:
             from then on, with one logged warning per size and the reason in ``stats.capture_failures``.
 
     Raises :class:`~graphbuf.errors.SpecError` (a GraphbufError) for an ``output_rows`` rule that does not
-    parse or uses a name other than ``tokens``, ``requests`` and the spec's constants; ValueError for an
-    unknown ``on_capture_error``.
+    parse or uses a name other than ``tokens``, ``requests`` and the spec's constants;
+    :class:`~graphbuf.errors.UsageError` (a ValueError) for an unknown ``on_capture_error``.
+
+    ``buffers`` is fixed for the runner's life (its graphs read that slab): assigning ``runner.buffers``
+    raises :class:`~graphbuf.errors.UsageError`.
     """
 
     def __init__(
@@ -212,13 +215,13 @@ class GraphRunner:
             raise ArgumentError(f"GraphRunner(buffers={type(buffers).__name__}): allowed: a StaticBuffers")
         if not callable(fn):
             raise ArgumentError(f"GraphRunner(fn={type(fn).__name__}): allowed: a callable taking a Step")
-        if on_capture_error not in ON_CAPTURE_ERROR:
-            raise ValueError(
-                f"on_capture_error={on_capture_error!r}; allowed: "
+        if not isinstance(on_capture_error, str) or on_capture_error not in ON_CAPTURE_ERROR:
+            raise UsageError(
+                f"GraphRunner(on_capture_error={on_capture_error!r}): allowed: "
                 + ", ".join(repr(v) for v in ON_CAPTURE_ERROR)
             )
         self.on_capture_error = on_capture_error
-        self.buffers = buffers
+        self._buffers = buffers
         self.fn = fn
         self.device = buffers.device
         self.verify = verify
@@ -236,6 +239,19 @@ class GraphRunner:
             "time. Use one runner per thread, or serialize the calls."
         )
 
+    @property
+    def buffers(self) -> StaticBuffers:
+        """The StaticBuffers this runner refreshes and its graphs read (fixed at construction)."""
+        return self._buffers
+
+    @buffers.setter
+    def buffers(self, value: object) -> None:
+        raise UsageError(
+            "GraphRunner.buffers cannot be reassigned: the captured graphs read the slab of the buffers the "
+            "runner was built with, so run() would refresh one slab and replay graphs that read another. "
+            "Build a new GraphRunner for other buffers."
+        )
+
     # ------------------------------------------------------------------------------------------------------
 
     def capture(self, host_args: Callable[[int], Mapping[str, Mapping[str, Any]]] | None = None) -> None:
@@ -244,21 +260,24 @@ class GraphRunner:
         ``host_args(size)`` gives the host task arguments to capture with at ``size`` (default: the
         defaults the callable passes to :meth:`Step.task`); :meth:`run` re-issues tasks with fresh ones.
 
-        A size whose capture raises (warm-up runs included) restores every buffer to its bytes from before
-        :meth:`capture` and raises :class:`CaptureError` naming the size and the cause; with
-        ``on_capture_error="eager"`` it is left uncaptured instead (it runs eagerly; one warning is logged
-        and ``stats.capture_failures`` holds the reason) and the other sizes still capture. Buffers should
-        hold valid data (e.g. after a refresh) or their pads: capture runs the callable once per size.
+        The buffers' guard (:meth:`StaticBuffers.hold`) is held for the whole capture: a refresh or staged
+        write from another thread meanwhile raises :class:`~graphbuf.errors.ConcurrentUseError`, so a
+        restore never reverts anyone's write. A size whose capture raises (warm-up runs included) restores
+        every buffer to its bytes from before :meth:`capture` and raises :class:`CaptureError` naming the
+        size and the cause; with ``on_capture_error="eager"`` it is left uncaptured instead (it runs
+        eagerly; one warning is logged and ``stats.capture_failures`` holds the reason) and the other sizes
+        still capture. Buffers should hold valid data (e.g. after a refresh) or their pads: capture runs the
+        callable once per size.
         """
-        with self._guard.hold("capture()"):
+        with self._guard.hold("capture()"), self._buffers.hold("GraphRunner.capture()"):
             self._capture(host_args)
 
     def _capture(self, host_args: Callable[[int], Mapping[str, Mapping[str, Any]]] | None) -> None:
         self._capture_called = True
-        saved = {name: t.clone() for name, t in self.buffers.full.items()}
+        saved = {name: t.clone() for name, t in self._buffers.full.items()}
         pool = None
-        for size in sorted(self.buffers.capture_sizes, reverse=True):
-            views = self.buffers.view(size)
+        for size in sorted(self._buffers.capture_sizes, reverse=True):
+            views = self._buffers.view(size)
             args = host_args(size) if host_args is not None else {}
             step = Step(size, views, None, args, size // self._tpr)
             try:
@@ -295,7 +314,7 @@ class GraphRunner:
 
     def _restore(self, saved: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
-            for name, t in self.buffers.full.items():
+            for name, t in self._buffers.full.items():
                 t.copy_(saved[name])
 
     def _capture_size(
@@ -321,7 +340,7 @@ class GraphRunner:
     def size_for(self, num_reqs: int) -> int | None:
         """The smallest capture size holding ``num_reqs`` requests (None if none does)."""
         tokens = num_reqs * self._tpr
-        for s in self.buffers.capture_sizes:
+        for s in self._buffers.capture_sizes:
             if s >= tokens:
                 return s
         return None
@@ -373,7 +392,7 @@ class GraphRunner:
         if num_reqs is not None:
             live = check_num_reqs(num_reqs, None, "run()")
         else:  # a mapping (bound sources need num_reqs): its rows give the count
-            live = requests_hint(self.buffers.layout, sources, "run()")  # type: ignore[arg-type]
+            live = requests_hint(self._buffers.layout, sources, "run()")  # type: ignore[arg-type]
         kinds = _host_args(host_args)
         size = self.size_for(live)
         reason = None
@@ -388,21 +407,33 @@ class GraphRunner:
 
         rows = self._rows(live)
         captured = self._graphs[size]
-        checked = captured.graph.check_inputs()  # before any refresh byte is written
-        captured.graph.check_reissue(kinds)
+        graph = captured.graph
+        graph.check_inputs()  # before any refresh byte is written
+        graph.check_reissue(kinds)
         out = self._slice(captured.output, rows, live)
+        # Tasks re-issued before the refresh: a task's own function that rejects its host arguments fails
+        # before any buffer byte is written; a refresh that fails then puts the previous arguments back.
+        held = graph.held_args() if kinds else None
+        updates = graph.reissue(kinds) if kinds else 0
         t0 = time.perf_counter()
-        self.buffers.refresh(size, sources, num_reqs=live, widths=widths)
+        try:
+            self._buffers.refresh(size, sources, num_reqs=live, widths=widths)
+        except BaseException:
+            if updates:
+                graph.restore_args(held)  # type: ignore[arg-type]
+            raise
         self.stats.refresh_s.add(time.perf_counter() - t0)
-        self.stats.task_updates += captured.graph.reissue(kinds)
-        captured.graph.replay(checked=checked)  # refresh and task updates move nothing: no second pass
+        self.stats.task_updates += updates
+        # The watch runs again here, after the refresh and immediately before the replay: code that ran
+        # during the refresh (a source's __array__) cannot move or re-type a watched tensor unseen.
+        graph.replay()
         self.stats.replays += 1
         self.stats.replays_by_size[size] += 1
         if self.verify and not captured.verified:
             captured.verified = True
             # An eager run may write the same preallocated outputs (NPU-style out= tasks): compare a copy.
             out = _clone(out)
-            step = Step(size, self.buffers.view(size), None, kinds, live)
+            step = Step(size, self._buffers.view(size), None, kinds, live)
             expected = self._eager_output(step, rows, live)
             problem = _mismatch(out, expected, self.rtol, self.atol)
             if problem is not None:
@@ -416,7 +447,7 @@ class GraphRunner:
         rows = self._rows_memo.get(live)
         if rows is not None:
             return rows
-        env = {**self.buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
+        env = {**self._buffers.plan.constants, "requests": live, "tokens": live * self._tpr}
         rows = []
         for i, rule in enumerate(self._output_rows):
             try:
@@ -428,7 +459,7 @@ class GraphRunner:
                     f"GraphRunner {self._rule_name(i)} gives {n} rows at {live} requests; allowed: >= 0"
                 )
             rows.append(n)
-        if live * self._tpr <= self.buffers.capture_sizes[-1]:  # memo bounded by the capture range
+        if live * self._tpr <= self._buffers.capture_sizes[-1]:  # memo bounded by the capture range
             self._rows_memo[live] = rows
         return rows
 
@@ -496,7 +527,7 @@ class GraphRunner:
     ) -> Output:
         # Validated and padded exactly as a refresh (same errors; the step bounded by limits.max_bytes);
         # the captured buffers are not touched.
-        views = self.buffers.eager_inputs(live * self._tpr, sources, num_reqs=live, widths=widths)
+        views = self._buffers.eager_inputs(live * self._tpr, sources, num_reqs=live, widths=widths)
         rows = self._rows(live)
         self.stats.eager += 1
         self.stats.eager_reasons[reason] += 1

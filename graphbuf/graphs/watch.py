@@ -1,8 +1,9 @@
 """Watched tensors: what a captured graph uses but does not own, checked before every replay.
 
-A device graph bakes in the address, shape and strides of every tensor it reads or writes. A tensor that was
-rebound (``set_``), resized or restrided after capture, or freed, makes the next replay read the wrong memory
-(or released memory) without any error. :class:`Watch` holds each such tensor weakly, with the geometry it had
+A device graph bakes in the address, shape, strides and element type of every tensor it reads or writes. A
+tensor that was rebound (``set_``), resized, restrided or re-typed (``t.data = t.data.view(torch.int32)``)
+after capture, or freed, makes the next replay read the wrong memory (or released memory, or the old type's
+bits) without any error. :class:`Watch` holds each such tensor weakly, with the geometry it had
 at capture, and :meth:`Watch.check` verifies all of them in one pass: a list of weak-reference calls and one
 comparison of tuples, no per-tensor branching on the fast path.
 """
@@ -18,11 +19,11 @@ from graphbuf.errors import AddressChangedError, LivenessError
 
 __all__ = ["Checked", "Watch"]
 
-_Geometry = tuple[int, torch.Size, tuple[int, ...]]
+_Geometry = tuple[int, torch.Size, tuple[int, ...], torch.dtype]
 
 
 def _geometry(t: torch.Tensor) -> _Geometry:
-    return (t.data_ptr(), t.shape, t.stride())
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
 
 
 class Checked(list):
@@ -32,7 +33,7 @@ class Checked(list):
 
 
 class Watch:
-    """Tensors checked before each replay: alive, and at their captured address, shape and stride.
+    """Tensors checked before each replay: alive, and at their captured address, shape, stride and dtype.
 
     Entries keep the order they were given in (one tensor may appear more than once). The watch holds no
     strong reference: a tensor freed after capture is reported, not kept. Liveness is that of the tensor
@@ -89,13 +90,13 @@ class Watch:
         """The watched tensors, in watch order, after checking that each is alive and unmoved.
 
         Raises :class:`~graphbuf.errors.LivenessError` for a freed tensor and
-        :class:`~graphbuf.errors.AddressChangedError` for one rebound, resized or restrided; ``where`` says
-        what was about to happen (it prefixes the message).
+        :class:`~graphbuf.errors.AddressChangedError` for one rebound, resized, restrided or re-typed;
+        ``where`` says what was about to happen (it prefixes the message).
         """
         live = Checked([r() for r in self._refs])
         live.watch = self
         try:
-            now = [(t.data_ptr(), t.shape, t.stride()) for t in live]  # type: ignore[union-attr]
+            now = [(t.data_ptr(), t.shape, t.stride(), t.dtype) for t in live]  # type: ignore[union-attr]
         except AttributeError:  # a None: freed
             raise self._error(live, where) from None
         if now != self._expected:
@@ -103,19 +104,23 @@ class Watch:
         return live
 
     def _error(self, live: Sequence[torch.Tensor | None], where: str) -> Exception:
-        for label, t, (ptr, shape, stride) in zip(self._labels, live, self._expected, strict=True):
+        for label, t, (ptr, shape, stride, dtype) in zip(self._labels, live, self._expected, strict=True):
             if t is None:
                 return LivenessError(
                     f"{where}: {label} (captured at {ptr:#x}, shape {list(shape)}) was freed after capture; "
                     "the graph would read or write released memory. Keep every tensor a graph uses alive "
                     "as long as the graph, or capture again."
                 )
-            if _geometry(t) != (ptr, shape, stride):
+            if _geometry(t) != (ptr, shape, stride, dtype):
                 return AddressChangedError(
                     f"{where}: {label} moved: captured at {ptr:#x} shape {list(shape)} stride "
-                    f"{list(stride)}, now {t.data_ptr():#x} shape {list(t.shape)} stride "
-                    f"{list(t.stride())}; the graph still uses the captured address. It was rebound (set_ or "
-                    "a new tensor), resized or restrided instead of written in place; copy into it "
-                    "(t.copy_(new)) or capture again."
+                    f"{list(stride)} {_name(dtype)}, now {t.data_ptr():#x} shape {list(t.shape)} stride "
+                    f"{list(t.stride())} {_name(t.dtype)}; the graph still uses the captured address and "
+                    "type. It was rebound (set_, .data = or a new tensor), resized, restrided or re-typed "
+                    "instead of written in place; copy into it (t.copy_(new)) or capture again."
                 )
         return AddressChangedError(f"{where}: watched tensors changed")  # unreachable: the lists differed
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -215,7 +215,7 @@ def test_output_rows_are_checked_when_the_runner_is_built(rows: object, match: s
 
 
 def test_unknown_on_capture_error_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"on_capture_error='ignore'; allowed: 'raise', 'eager'"):
+    with pytest.raises(ValueError, match=r"on_capture_error='ignore'\): allowed: 'raise', 'eager'"):
         GraphRunner(make_buffers(), simple, on_capture_error="ignore")
 
 

@@ -34,10 +34,10 @@ def test_watch_errors_say_what_happened_and_what_to_do() -> None:
     with pytest.raises(AddressChangedError) as moved:
         w.check("before replay")
     assert str(moved.value) == (
-        f"before replay: a moved: captured at {ptr:#x} shape [2] stride [1], now {a.data_ptr():#x} "
-        "shape [2, 2] stride [2, 1]; the graph still uses the captured address. It was rebound (set_ or a "
-        "new tensor), resized or restrided instead of written in place; copy into it (t.copy_(new)) or "
-        "capture again."
+        f"before replay: a moved: captured at {ptr:#x} shape [2] stride [1] float32, now {a.data_ptr():#x} "
+        "shape [2, 2] stride [2, 1] float32; the graph still uses the captured address and type. It was "
+        "rebound (set_, .data = or a new tensor), resized, restrided or re-typed instead of written in "
+        "place; copy into it (t.copy_(new)) or capture again."
     )
     c = torch.zeros(3)
     ptr = c.data_ptr()
