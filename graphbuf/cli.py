@@ -1,13 +1,18 @@
 """The ``graphbuf`` command: ``plan``, ``check``, ``schema``, ``sizes`` and ``drill``.
 
 Exit codes for every command: 0 ok, 1 failure (``check --strict``: a reachable batch runs eagerly), 2 usage or
-spec error. ``check``, ``plan``, ``schema`` and ``sizes`` never import torch; ``--json`` prints strict JSON.
+spec error. ``check``, ``plan``, ``schema`` and ``sizes`` never import torch; ``drill`` checks its arguments
+(ranges, files, the device torch was built for) before it imports torch. ``--json`` prints strict JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
+import math
+import os
 import re
 import sys
 import time
@@ -19,11 +24,13 @@ from graphbuf.errors import DeviceUnavailableError, GraphbufError, SpecError, Us
 from graphbuf.planning.coverage import Coverage, spec_coverage
 from graphbuf.planning.planner import Plan, plan
 from graphbuf.spec.factories import RouteCost
-from graphbuf.spec.models import GraphSpec, load_spec, resolve_spec_path
+from graphbuf.spec.models import MAX_CAPTURE_SIZES, GraphSpec, load_spec, resolve_spec_path
 
 __all__ = ["main"]
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+DESCRIPTION = "Graph capture/replay buffers as a declaration: plan, check, schema, sizes and drill a spec."
+SEED_MAX = 2**63 - 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,6 +50,25 @@ def _overrides(pairs: Sequence[str]) -> dict[str, int]:
             raise SpecError(f"--set {pair[:80]!r}: {value[:40]!r} is not an integer (at most 19 digits)")
         out[name.strip()] = int(text)
     return out
+
+
+def _spec_file(args: argparse.Namespace) -> None:
+    """A usage error unless SPEC names a spec file or a shipped spec (checked before the spec is read)."""
+    try:
+        resolve_spec_path(args.spec)
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """``1, 2, 3, 5, 9, 10`` as ``1..3, 5, 9..10``."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
 
 
 def _dumps(data: Any) -> str:
@@ -83,7 +109,7 @@ def render_plan(p: Plan, context: int | None = None) -> str:
         f"{p.spec.name}: {len(p.buffers)} buffers, {p.total_bytes} bytes ({_human(p.total_bytes)}) "
         "in one slab "
         f"(limit {_human(p.max_bytes)}); {len(p.capture_sizes)} capture sizes, "
-        f"{p.tokens_per_request} tokens per request",
+        f"{p.tokens_per_request} token{'s' if p.tokens_per_request != 1 else ''} per request",
         "",
         _table(
             ("buffer", "dtype", "shape", "bytes", "offset", "pad", "bounds"),
@@ -168,6 +194,7 @@ def render_coverage(cov: Coverage) -> str:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    _spec_file(args)
     p = plan(args.spec, overrides=_overrides(args.set), allow_factories=args.allow_factory)
     print(_dumps(p.to_dict(args.context)) if args.json else render_plan(p, args.context))
     return EXIT_OK
@@ -175,6 +202,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
+    _spec_file(args)
     # from the path, so a too-large plan names the file
     p = plan(args.spec, overrides=overrides, allow_factories=args.allow_factory)
     cov = spec_coverage(p.spec, p.constants)
@@ -200,16 +228,23 @@ def _cmd_check(args: argparse.Namespace) -> int:
         )
         print(render_coverage(cov) if args.coverage else cov.summary())
     if strict_fail:
-        why = (
-            "no serving envelope declared (capture.max_requests)"
-            if cov.max_requests is None
-            else (f"requests {', '.join(str(b.requests) for b in cov.uncovered)} run eagerly")
-        )
-        print(
-            f"graphbuf: check --strict: {args.spec}: {why}; see `graphbuf sizes {args.spec}`", file=sys.stderr
-        )
+        print(f"graphbuf: check --strict: {args.spec}: {_strict_advice(args, cov)}", file=sys.stderr)
         return EXIT_FAIL
     return EXIT_OK
+
+
+def _strict_advice(args: argparse.Namespace, cov: Coverage) -> str:
+    """Why ``check --strict`` failed and what to run next (a command that accepts this spec)."""
+    if cov.max_requests is None:
+        return (
+            "no serving envelope declared (capture.max_requests); add it to the spec (e.g. `max_requests: "
+            f"max_num_seqs` under capture:), then `graphbuf sizes {args.spec}` proposes sizes that cover it"
+        )
+    sets = "".join(f" --set {pair}" for pair in args.set)
+    allow = "".join(f" --allow-factory {m}" for m in args.allow_factory)
+    eager = _ranges([b.requests for b in cov.uncovered])
+    command = f"graphbuf sizes {args.spec}{sets}{allow}"
+    return f"requests {eager} run eagerly; `{command}` proposes capture sizes that cover them"
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
@@ -220,10 +255,13 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 def _cmd_sizes(args: argparse.Namespace) -> int:
     from graphbuf.planning.sizes import propose_sizes, render_proposal, write_sizes
 
+    _check_sizes_args(args)
+    overrides = _overrides(args.set)
+    _spec_file(args)
     if args.write and not Path(args.spec).is_file():
         raise UsageError(f"{args.spec}: --write edits a spec file; give its path (copy a shipped spec first)")
     spec = load_spec(args.spec, allow_factories=args.allow_factory)
-    constants = spec.constants_with(None, args.spec)
+    constants = spec.constants_with(overrides, args.spec)
     cov = spec_coverage(spec, constants)
     if cov.max_requests is None:
         raise SpecError(
@@ -246,8 +284,73 @@ def _cmd_sizes(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_sizes_args(args: argparse.Namespace) -> None:
+    if args.max_waste is not None and not (math.isfinite(args.max_waste) and 0 <= args.max_waste < 100):
+        raise UsageError(f"--max-waste {args.max_waste:g}: must be a percentage in [0, 100)")
+    if args.max_graphs is not None and not 1 <= args.max_graphs <= MAX_CAPTURE_SIZES:
+        raise UsageError(f"--max-graphs {args.max_graphs}: must be in 1..{MAX_CAPTURE_SIZES}")
+    if args.force and args.max_graphs is None:
+        raise UsageError("--force accepts the waste --max-graphs N needs; give --max-graphs N with it")
+
+
+def _check_drill_args(args: argparse.Namespace) -> None:
+    """Every ``drill`` argument checked before torch is imported (a usage error names the first bad one)."""
+    from graphbuf.drill.progress import default_replays  # imports no torch
+
+    modes = [flag for flag, on in (("--model", args.model is not None), ("--padding-contract",
+             args.padding_contract)) if on]  # fmt: skip
+    unused = {
+        "--replays": args.replays is not None and bool(modes),
+        "--staged": args.staged and bool(modes),
+        "--replay": args.replay is not None and args.padding_contract,
+        "--save": args.save is not None and args.padding_contract,
+        "--set": bool(args.set) and args.model is not None,
+        "--allow-factory": bool(args.allow_factory) and args.model is not None,
+    }
+    if len(modes) > 1:
+        raise UsageError("--model and --padding-contract are two drills; give one")
+    for flag, ignored in unused.items():
+        if ignored:
+            raise UsageError(f"{flag} does not apply to drill {modes[0]}")
+    args.replays = default_replays() if args.replays is None else args.replays
+    if args.replays < 0:
+        raise UsageError(f"--replays {args.replays}: must be ≥ 0")
+    if not 0 <= args.seed <= SEED_MAX:
+        raise UsageError(f"--seed {args.seed}: must be an integer in [0, 2**63 - 1]")
+    if args.save is not None and not Path(args.save).resolve().parent.is_dir():
+        raise UsageError(f"--save {args.save}: no such directory to write the failing batch into")
+    if args.replay is not None and not Path(args.replay).is_file():
+        raise UsageError(f"--replay {args.replay}: no such file")
+    missing = _device_missing(args.device)
+    if missing is not None:
+        raise UsageError(f"--device {args.device}: {missing}")
+
+
+def _device_missing(device: str) -> str | None:
+    """Why this installation cannot run on ``device``, read from the installed files without importing
+    torch (None: it may; torch's own check follows once it is imported)."""
+    if device == "npu" and "torch_npu" not in sys.modules and importlib.util.find_spec("torch_npu") is None:
+        return "torch_npu is not installed (an Ascend NPU and torch-npu are needed; README: NPU install)"
+    if device != "cuda" or "torch" in sys.modules:
+        return None
+    found = importlib.util.find_spec("torch")
+    if found is None or not found.submodule_search_locations:
+        return None  # no torch at all: the import reports the missing dependency
+    version = Path(next(iter(found.submodule_search_locations))) / "version.py"
+    try:
+        text = version.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    if re.search(r"^cuda\b[^=\n]*=\s*None\s*$", text, flags=re.M):
+        build = re.search(r"^__version__\b[^=\n]*=\s*'([^']*)'", text, flags=re.M)
+        return f"this torch ({build.group(1) if build else '?'}) is a CPU build, without CUDA"
+    return None
+
+
 def _cmd_drill(args: argparse.Namespace) -> int:
     overrides = _overrides(args.set)
+    _check_drill_args(args)
+    _spec_file(args)
     from graphbuf.drill.allocator import keep_freed_memory
 
     keep_freed_memory()  # a drill is a process of its own: its attention temporaries reuse heap memory
@@ -266,15 +369,12 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="graphbuf", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="graphbuf", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def spec_args(p: argparse.ArgumentParser, overrides: bool = True) -> None:
+    def spec_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("spec", help="spec file or shipped spec name (e.g. gemma4-31b-it-mtp)")
-        if overrides:
-            p.add_argument(
-                "--set", action="append", default=[], metavar="NAME=VALUE", help="override a constant"
-            )
+        p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a constant")
         p.add_argument(
             "--allow-factory",
             action="append",
@@ -309,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_schema)
 
     p = sub.add_parser("sizes", help="propose the fewest capture sizes covering the serving envelope")
-    spec_args(p, overrides=False)
+    spec_args(p)
     p.add_argument(
         "--max-waste", type=float, default=None, metavar="PCT", help="largest padding waste, percent (10)"
     )
@@ -327,7 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--replays", type=int, default=None,
         help="batches drawn and replayed (default: $GRAPHBUF_DRILL_REPLAYS, else 60)",
     )  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="seed of the drawn batches (reproducible runs)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the drawn batches, 0..2**63-1 (reproducible runs)"
+    )
     p.add_argument(
         "--save", metavar="FILE", help="on a mismatch, write the shrunk failing batch here (JSON; default: "
         "a temporary file)",
@@ -339,7 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--padding-contract", action="store_true",
         help="per buffer: do the tasks depend on its pad (required) or not (free)?",
     )  # fmt: skip
-    p.add_argument("--staged", action="store_true", help="replays commit staged writes, not whole sources")
+    p.add_argument(
+        "--staged", action="store_true",
+        help="replays commit staged writes (StaticBuffers.stage: changed cells only), not whole sources",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--model", choices=("tiny",), help="serve a whole model (MTP), compare with transformers")
     p.set_defaults(func=_cmd_drill)
@@ -365,10 +470,36 @@ def _missing_dependency(exc: ImportError) -> UsageError | None:
     name = ((cause.name if cause is not None else None) or "").partition(".")[0]
     if not name or name == "graphbuf":
         return None
-    return UsageError(
-        f"missing dependency: the module {name!r} is not installed in {sys.prefix}; install graphbuf with "
-        f"its dependencies (pip install -c constraints.txt -e .) or `pip install {name}`"
-    )
+    hint = install_hint(name)
+    return UsageError(f"missing dependency: the module {name!r} is not installed in {sys.prefix}; {hint}")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def install_hint(module: str) -> str:
+    """The install command that brings ``module``, from graphbuf's own requirements: the pinned (``-c
+    constraints.txt``) editable install from the clone, with the extra that declares it (none for a core
+    dependency; the ``npu`` extra pins its own torch and is never combined with the constraints)."""
+    found: list[str | None] = []
+    for req in importlib.metadata.requires("graphbuf") or []:
+        name = re.match(r"[A-Za-z0-9._-]+", req)
+        if name is None:
+            continue
+        dist = _norm(name.group(0))
+        if dist == _norm(module) or dist.startswith(_norm(module) + "_") or dist == "py" + _norm(module):
+            extra = re.search(r"extra\s*==\s*[\"']([^\"']+)", req)
+            found.append(extra.group(1) if extra else None)
+    if not found:
+        return f"graphbuf does not require it (the code that imported it does): install it into {sys.prefix}"
+    extra = None if None in found else found[0]
+    pip = Path(sys.executable).parent / "pip"
+    shown = os.path.relpath(pip) if not os.path.relpath(pip).startswith("..") else str(pip)
+    if extra == "npu":
+        return f"from the graphbuf clone: {shown} install -e '.[npu]' (README: NPU install)"
+    target = f"'.[{extra}]'" if extra else "."
+    return f"from the graphbuf clone: {shown} install -c constraints.txt -e {target}"
 
 
 def _fail(args: argparse.Namespace, label: str, exc: Exception, code: int) -> int:

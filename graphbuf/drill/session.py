@@ -21,7 +21,6 @@ import os
 import random
 import shlex
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -38,6 +37,7 @@ from hypothesis.strategies import SearchStrategy
 
 from graphbuf.buffers.slab import StaticBuffers
 from graphbuf.drill.options import PAGED_DECODE
+from graphbuf.drill.progress import REPLAYS_ENV, Progress, default_replays  # noqa: F401 (re-exported)
 from graphbuf.errors import BatchFileError, PlanTooLargeError, SpecError, UsageError
 from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.runner import OVERSIZE, GraphRunner, Step
@@ -175,12 +175,14 @@ class SizeRow:
     addresses_stable: bool = True
 
     def as_dict(self) -> dict[str, Any]:
+        """JSON; a size never replayed has ``max_abs_error`` and ``addresses_stable`` null (not measured)."""
+        replayed = self.replays > 0
         return {
             "size": self.size,
             "replays": self.replays,
-            "max_abs_error": _finite(self.max_abs_error),
+            "max_abs_error": _finite(self.max_abs_error) if replayed else None,
             "refresh_us_median": statistics.median(self.refresh_us) if self.refresh_us else None,
-            "addresses_stable": self.addresses_stable,
+            "addresses_stable": self.addresses_stable if replayed else None,
         }
 
 
@@ -203,6 +205,13 @@ class DrillReport:
     shrink_replays: int = 0
     #: Seconds per phase (:data:`PHASES`); they add up to the run's wall time (import included).
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    #: Replays committed staged writes (``--staged``), not whole sources.
+    staged: bool = False
+
+    @property
+    def compared(self) -> int:
+        """Batches replayed or run eagerly and compared with the reference (shrinking excluded)."""
+        return sum(r.replays for r in self.rows.values()) + self.eager_runs
 
     @property
     def ok(self) -> bool:
@@ -221,7 +230,9 @@ class DrillReport:
             "tasks": self.tasks,
             "tolerance": self.tolerance,
             "rounding": self.rounding,
+            "writes": "staged" if self.staged else "sources",
             "ok": self.ok,
+            "compared": self.compared,
             "sizes": [r.as_dict() for r in self.rows.values()],
             "eager": {"runs": self.eager_runs, "max_abs_error": _finite(self.eager_max_abs_error)},
             "failure": self.failure,
@@ -236,15 +247,16 @@ class DrillReport:
         lines = [
             f"graphbuf drill: {self.spec} on {self.device}; tasks: {', '.join(self.tasks)}; "
             f"tolerance {self.tolerance:g}"
-            + (" past one rounding step of the output dtype" if self.rounding else ""),
+            + (" past one rounding step of the output dtype" if self.rounding else "")
+            + "; writes: "
+            + ("staged (changed cells, StaticBuffers.stage)" if self.staged else "whole sources (refresh)"),
             f"{'size':>5} {'replays':>8} {'max abs err':>12} {'refresh µs':>11} {'addresses stable':>17}",
         ]
         for r in self.rows.values():
             med = f"{statistics.median(r.refresh_us):.1f}" if r.refresh_us else "-"
-            lines.append(
-                f"{r.size:>5} {r.replays:>8} {r.max_abs_error:>12.3g} {med:>11} "
-                f"{'yes' if r.addresses_stable else 'NO':>17}"
-            )
+            err = f"{r.max_abs_error:.3g}" if r.replays else "-"
+            stable = ("yes" if r.addresses_stable else "NO") if r.replays else "-"
+            lines.append(f"{r.size:>5} {r.replays:>8} {err:>12} {med:>11} {stable:>17}")
         lines.append(
             f"eager fallbacks (batches above the largest capture size): {self.eager_runs}, "
             f"max abs err {self.eager_max_abs_error:.3g}"
@@ -267,7 +279,13 @@ class DrillReport:
             "seconds per phase: "
             + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in self.phases.items())
         )
-        lines.append(f"{'PASS' if self.ok else 'FAIL'} in {self.seconds:.1f} s")
+        if not self.ok:
+            verdict = "FAIL"
+        elif self.compared == 0:
+            verdict = "NOTHING REPLAYED (every size captured; no batch compared)"
+        else:
+            verdict = "PASS"
+        lines.append(f"{verdict} in {self.seconds:.1f} s")
         return "\n".join(lines)
 
 
@@ -745,6 +763,7 @@ def run_drill(
         rows={s: SizeRow(s) for s in p.capture_sizes},
         rounding=session.rounding,
         capture_failures=dict(runner.stats.capture_failures),
+        staged=staged,
     )
 
     def record(batch: DrillBatch, out: Outcome) -> None:
@@ -764,8 +783,12 @@ def run_drill(
     first: tuple[DrillBatch, Outcome] | None = None
     if saved is not None:
         batch = saved
+        if progress is not None:
+            progress("replay", 0, 1)
         out = session.check(batch.live, batch.sources, batch.task_seed)
         record(batch, out)
+        if progress is not None:
+            progress("replay", 1, 1)
         if failed(out):
             first = (batch, out)
         minimal = first
@@ -875,72 +898,11 @@ def _key(batch: DrillBatch) -> tuple[Any, ...]:
     return (batch.live, batch.task_seed, *((n, a.shape, a.tobytes()) for n, a in arrays))
 
 
-REPLAYS_ENV = "GRAPHBUF_DRILL_REPLAYS"
-"""Environment variable: the default of ``graphbuf drill --replays`` (60 when unset)."""
-DEFAULT_REPLAYS = 60
-
-
-def default_replays() -> int:
-    """``--replays`` when not given: ``$GRAPHBUF_DRILL_REPLAYS``, else 60; UsageError if it is not an
-    integer ≥ 0."""
-    text = os.environ.get(REPLAYS_ENV)
-    if text is None or not text.strip():
-        return DEFAULT_REPLAYS
-    if not text.strip().isdigit() or len(text.strip()) > 9:
-        raise UsageError(f"{REPLAYS_ENV}={text[:40]!r}: must be an integer ≥ 0 (at most 9 digits)")
-    return int(text)
-
-
-class Progress:
-    """The drill's progress on ``stream``: on a terminal one line, rewritten in place (carriage return),
-    with the phase, the count and an ETA; otherwise a plain line at most every 5 s and at each phase's end."""
-
-    def __init__(self, stream: Any = None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.started: dict[str, float] = {}
-        self.last = 0.0
-        self.width = 0
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        now = time.perf_counter()
-        began = self.started.setdefault(phase, now)
-        final = done >= total
-        if not final and (now - self.last < (0.2 if self.tty else 5.0) or not (done or self.tty)):
-            return
-        self.last = now
-        unit = "sizes captured" if phase == "capture" else "replays"
-        line = f"drill: {done}/{total} {unit}"
-        if done and not final:
-            line += f", ETA {(now - began) / done * (total - done):.0f} s"
-        elif final:
-            line += f" in {now - began:.1f} s"
-        if self.tty:
-            self.stream.write("\r" + line.ljust(self.width))
-            self.width = len(line)
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        """End the terminal line (nothing otherwise)."""
-        if self.tty and self.width:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.width = 0
-
-
 def run_drill_cli(args: argparse.Namespace, overrides: Mapping[str, int], import_seconds: float = 0.0) -> int:
-    """The ``graphbuf drill`` command (see :mod:`graphbuf.cli`); ``overrides`` are its parsed ``--set``,
-    ``import_seconds`` what importing this module cost (the ``import`` phase)."""
+    """The ``graphbuf drill`` command (see :mod:`graphbuf.cli`, which checked its arguments before torch was
+    imported); ``overrides`` are its parsed ``--set``, ``import_seconds`` what importing this module cost (the
+    ``import`` phase)."""
     replays = default_replays() if args.replays is None else args.replays
-    if replays < 0:
-        raise UsageError(f"--replays {replays}: must be ≥ 0")
-    _check_seed("--seed", args.seed)
-    if args.save is not None and not Path(args.save).resolve().parent.is_dir():
-        raise UsageError(f"--save {args.save}: no such directory to write the failing batch into")
-    if args.replay is not None and not Path(args.replay).is_file():
-        raise BatchFileError(f"--replay {args.replay}: no such file")
     progress = Progress()
     save = args.save
     if save is None and args.replay is None:
@@ -953,7 +915,7 @@ def run_drill_cli(args: argparse.Namespace, overrides: Mapping[str, int], import
             replays=replays,
             seed=args.seed,
             overrides=overrides,
-            progress=None if args.replay else progress,
+            progress=progress,
             allow_factories=args.allow_factory,
             save=save if args.replay is None else None,
             replay=args.replay,

@@ -21,7 +21,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from graphbuf.errors import SpecError
+from graphbuf.errors import SpecError, UsageError
 from graphbuf.planning.coverage import Coverage, coverage
 from graphbuf.spec.models import MAX_CAPTURE_SIZES, GraphSpec, parse_yaml
 
@@ -59,12 +59,13 @@ def propose_sizes(
 ) -> Proposal:
     """The fewest sizes covering 1..``max_requests`` requests (≤ ``max_tokens`` tokens) with padding waste at
     most ``max_waste_pct`` percent (default 10). With ``max_graphs``: at most that many graphs, at the least
-    waste they allow. When the two bounds cannot both hold, a SpecError says so, unless ``force``: then the
-    ``max_graphs`` sizes with the least waste they allow, above the bound."""
+    waste they allow. When the two bounds cannot both hold, a UsageError says so (the arguments conflict, not
+    the spec), unless ``force``: then the ``max_graphs`` sizes with the least waste they allow, above the
+    bound. An argument out of range is a UsageError too."""
     if max_waste_pct is not None and not 0 <= max_waste_pct < 100:
-        raise SpecError(f"--max-waste {max_waste_pct}: must be in [0, 100)")
+        raise UsageError(f"--max-waste {max_waste_pct}: must be in [0, 100)")
     if max_graphs is not None and not 1 <= max_graphs <= MAX_CAPTURE_SIZES:
-        raise SpecError(f"--max-graphs {max_graphs}: must be in 1..{MAX_CAPTURE_SIZES}")
+        raise UsageError(f"--max-graphs {max_graphs}: must be in 1..{MAX_CAPTURE_SIZES}")
     top = max_requests if max_tokens is None else min(max_requests, max_tokens // tokens_per_request)
     if top < 1:
         raise SpecError(f"the envelope holds no batch: {max_requests} requests, max {max_tokens} tokens")
@@ -85,7 +86,7 @@ def propose_sizes(
                 lo = mid
         if len(sizes) > max_graphs and not force:
             bound = f"--max-waste {pct:g}" + (" (the default)" if max_waste_pct is None else "")
-            raise SpecError(
+            raise UsageError(
                 f"{bound} needs {len(sizes)} graphs, above --max-graphs {max_graphs}; "
                 f"{max_graphs} graphs need --max-waste {float(hi) * 100:.2f}: allow more graphs or more "
                 "waste, or pass --force to accept it"
@@ -93,7 +94,7 @@ def propose_sizes(
         if len(sizes) > max_graphs or max_waste_pct is None:
             sizes = _greedy(top, tokens_per_request, hi)
     if len(sizes) > MAX_CAPTURE_SIZES:
-        raise SpecError(f"{len(sizes)} capture sizes needed; at most {MAX_CAPTURE_SIZES}: allow more waste")
+        raise UsageError(f"{len(sizes)} capture sizes needed; at most {MAX_CAPTURE_SIZES}: allow more waste")
     cov = coverage(sizes, tokens_per_request, max_requests, max_tokens)
     return Proposal(tuple(sizes), cov.max_waste, cov)
 

@@ -189,9 +189,12 @@ def test_unknown_spec_name_exits_2(capsys: pytest.CaptureFixture[str], command: 
     ],
 )
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
-    code, err = _usage_exit(capsys, *argv)
+    try:  # argparse's refusals exit through SystemExit (with the usage line); the commands' own return 2
+        code, err = main(argv), capsys.readouterr().err
+    except SystemExit as exc:
+        code, err = exc.code, capsys.readouterr().err
+        assert "usage: graphbuf" in err
     assert code == 2
-    assert "usage: graphbuf" in err
     assert "graphbuf: usage error: " in err
 
 
@@ -266,3 +269,149 @@ def test_the_schema_ships_in_the_wheel_where_the_readme_says(tmp_path: Path) -> 
         shipped = json.loads(zf.read(where))
         assert "graphbuf/specs/gemma4-31b-it-mtp.yaml" in zf.namelist()
     assert shipped == GraphSpec.model_json_schema()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Issue 33 §1: every exit 2 carries the README's label; argument errors come before torch; hints that work.
+
+_HAS_CUDA_BUILD = __import__("torch").version.cuda is not None
+SPEC_COMMANDS = ("check", "plan", "sizes", "drill")
+#: (argv, fragment of the message): every CLI argument that can be out of range, and missing files. {d} is a
+#: scratch directory. The README files each under `usage error`.
+OUT_OF_RANGE = [
+    (["sizes", GEMMA, "--max-waste", "-5"], "--max-waste -5: must be a percentage in [0, 100)"),
+    (["sizes", GEMMA, "--max-waste", "1000"], "--max-waste 1000: must be a percentage in [0, 100)"),
+    (["sizes", GEMMA, "--max-waste", "nan"], "--max-waste nan: must be a percentage"),
+    (["sizes", GEMMA, "--max-waste", "inf"], "--max-waste inf: must be a percentage"),
+    (["sizes", GEMMA, "--max-graphs", "0"], "--max-graphs 0: must be in 1..4096"),
+    (["sizes", GEMMA, "--max-graphs", "4097"], "--max-graphs 4097: must be in 1..4096"),
+    (["sizes", GEMMA, "--max-graphs", "4"], "needs 12 graphs, above --max-graphs 4"),
+    (["sizes", GEMMA, "--force"], "--force accepts the waste --max-graphs N needs"),
+    (["sizes", GEMMA, "--write"], "--write edits a spec file"),
+    (["drill", GEMMA, "--replays", "-1"], "--replays -1: must be ≥ 0"),
+    (["drill", GEMMA, "--seed", "-1"], "--seed -1: must be an integer in [0, 2**63 - 1]"),
+    (["drill", GEMMA, "--seed", str(2**63)], "--seed 9223372036854775808: must be an integer"),
+    (["drill", GEMMA, "--device", "npu"], "--device npu: torch_npu is not installed"),
+    (["drill", GEMMA, "--replay", "{d}/absent.json"], "--replay {d}/absent.json: no such file"),
+    (["drill", GEMMA, "--save", "{d}/no/dir/f.json"], "no such directory"),
+    (["drill", GEMMA, "--model", "tiny", "--padding-contract"], "--model and --padding-contract are two"),
+    (["drill", GEMMA, "--model", "tiny", "--staged"], "--staged does not apply to drill --model"),
+    (["drill", GEMMA, "--model", "tiny", "--replays", "3"], "--replays does not apply to drill --model"),
+    (["drill", GEMMA, "--model", "tiny", "--set", "num_blocks=9"], "--set does not apply to drill --model"),
+    (["drill", GEMMA, "--padding-contract", "--replay", "x.json"], "--replay does not apply to drill --padd"),
+    (["drill", GEMMA, "--padding-contract", "--save", "x.json"], "--save does not apply to drill --padd"),
+    *[([cmd, "{d}/nonexistent.yaml"], "nonexistent.yaml: no such spec file") for cmd in SPEC_COMMANDS],
+    *[([cmd, "{d}"], "is a directory; a spec is a YAML file") for cmd in SPEC_COMMANDS],
+    *([] if _HAS_CUDA_BUILD else [(["drill", GEMMA, "--device", "cuda"], "--device cuda: this torch (")]),
+]  # fmt: skip
+#: argparse's own refusals (exit 2 through SystemExit): out-of-range or malformed values it parses.
+ARGPARSE_REFUSALS = [
+    ["plan", GEMMA, "--context", "-1"],
+    ["plan", GEMMA, "--context", "many"],
+    ["sizes", GEMMA, "--max-graphs", "many"],
+    ["sizes", GEMMA, "--max-waste", "lots"],
+    ["drill", GEMMA, "--replays", "many"],
+    ["drill", GEMMA, "--seed", "1.5"],
+    ["drill", GEMMA, "--device", "tpu"],
+    ["drill", GEMMA, "--model", "huge"],
+]
+
+_PROBE = """
+import contextlib, io, json, sys
+from graphbuf.cli import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    out.append([code, err.getvalue(), "torch" in sys.modules])
+print(json.dumps(out))
+"""
+
+
+def test_every_out_of_range_argument_and_missing_file_is_a_usage_error_before_torch(tmp_path: Path) -> None:
+    """Each refusal exits 2 labelled `usage error` (as the README's Commands section files them), in a fresh
+    interpreter that has not imported torch when it refuses (the drill's refusals included)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "`graphbuf: usage error:` (an argument out of range, a missing file" in readme
+    argvs = [[a.replace("{d}", str(tmp_path)) for a in argv] for argv, _ in OUT_OF_RANGE] + ARGPARSE_REFUSALS
+    env = {**os.environ, "GRAPHBUF_DRILL_REPLAYS": ""}
+    probe = [sys.executable, "-c", _PROBE, json.dumps(argvs)]
+    proc = subprocess.run(probe, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)
+    fragments = [f.replace("{d}", str(tmp_path)) for _, f in OUT_OF_RANGE] + [""] * len(ARGPARSE_REFUSALS)
+    for argv, fragment, (code, err, torch_loaded) in zip(argvs, fragments, results):
+        assert code == 2, (argv, err)
+        assert "graphbuf: usage error: " in err and fragment in err, (argv, err)
+        assert "Traceback" not in err and "spec error" not in err, (argv, err)
+        assert not torch_loaded, f"{argv}: torch was imported before the refusal"
+
+
+def test_a_missing_model_extra_hints_the_pinned_extra_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if the model extra were not installed
+    code, _, err = _run(capsys, "drill", GEMMA, "--model", "tiny")
+    assert code == 2, err
+    assert err.startswith("graphbuf: usage error: missing dependency: the module 'transformers'"), err
+    assert "pip install -c constraints.txt -e '.[model]'" in err, err
+    assert "pip install transformers" not in err and "-e .)" not in err
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("transformers==") for req in extras["model"])  # the extra the hint names
+
+
+def test_install_hints_name_the_extra_that_declares_the_module() -> None:
+    from graphbuf.cli import install_hint
+
+    assert install_hint("transformers").endswith("install -c constraints.txt -e '.[model]'")
+    for core in ("hypothesis", "torch", "yaml", "numpy", "pydantic", "ruamel"):  # core dependencies
+        assert install_hint(core).endswith("install -c constraints.txt -e ."), core
+    assert "constraints" not in install_hint("torch_npu") and "'.[npu]'" in install_hint("torch_npu")
+    assert "graphbuf does not require it" in install_hint("no_such_module_xyz")
+
+
+def test_check_strict_points_to_a_command_that_accepts_the_spec(
+    capsys: pytest.CaptureFixture[str], spec_mapping: Callable[[], Mapping], write_yaml: Callable[..., Path]
+) -> None:
+    """The advice names eager batches as ranges and a `graphbuf sizes` command; that command accepts the spec
+    (with the same --set), and without an envelope the advice says what to add before it."""
+    code, _, err = _run(capsys, "check", GEMMA, "--strict", "--set", "max_num_seqs=64")
+    assert code == 1
+    assert "requests 17..64 run eagerly" in err and ", 18, " not in err, err
+    command = err.split("`")[1]
+    assert command == f"graphbuf sizes {GEMMA} --set max_num_seqs=64"
+    code, out, err = _run(capsys, *command.split()[1:])
+    assert code == 0 and "64/64 batch sizes of 1..64 requests replay a graph" in out, err
+    doc = spec_mapping()
+    path = write_yaml(doc)
+    code, _, err = _run(capsys, "check", str(path), "--strict")
+    assert code == 1 and "no serving envelope declared (capture.max_requests); add it to the spec" in err
+    assert _run(capsys, "sizes", str(path))[0] == 2  # refused until the envelope is declared, as advised
+    doc["capture"]["max_requests"] = 4
+    write_yaml(doc)
+    assert _run(capsys, *err.split("`")[3].split()[1:])[0] == 0
+
+
+def test_help_has_no_rest_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["drill", "--help"], ["sizes", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        assert "``" not in out and ":mod:" not in out, out
+
+
+def test_plan_says_one_token_per_request(
+    capsys: pytest.CaptureFixture[str], spec_mapping: Callable[[], Mapping], write_yaml: Callable[..., Path]
+) -> None:
+    doc = spec_mapping()
+    doc["capture"].update(tokens_per_request=1, sizes=[2, 4])
+    code, out, err = _run(capsys, "plan", str(write_yaml(doc)))
+    assert code == 0, err
+    assert "1 token per request" in out.splitlines()[0] and "1 tokens" not in out
+    assert "4 tokens per request" in _run(capsys, "plan", GEMMA)[1].splitlines()[0]

@@ -13,7 +13,7 @@ import yaml
 
 import graphbuf
 from graphbuf.cli import main
-from graphbuf.errors import SpecError
+from graphbuf.errors import UsageError
 from graphbuf.planning.coverage import coverage
 from graphbuf.planning.sizes import propose_sizes
 
@@ -76,7 +76,7 @@ def test_check_names_the_eager_batches_and_strict_fails(
     assert len(rows) == 17
     code, out, err = _run(capsys, "check", str(path), "--strict")
     assert code == 1
-    assert f"graphbuf: check --strict: {path}: requests 13, 14, 15, 16 run eagerly" in err
+    assert f"graphbuf: check --strict: {path}: requests 13..16 run eagerly; `graphbuf sizes {path}`" in err
     code, out, err = _run(capsys, "check", str(path), "--json", "--strict")
     assert code == 1
     data = json.loads(out)
@@ -143,17 +143,17 @@ def test_propose_sizes_is_the_fewest_within_the_waste_bound() -> None:
     over = (
         r"--max-waste 10 \(the default\) needs 12 graphs, above --max-graphs 4; 4 graphs need --max-waste 50"
     )
-    with pytest.raises(SpecError, match=over + ".*--force"):
+    with pytest.raises(UsageError, match=over + ".*--force"):
         propose_sizes(4, 16, max_graphs=4)
     g = propose_sizes(4, 16, max_graphs=4, force=True)
     assert len(g.sizes) <= 4 and g.coverage.ok and g.sizes[-1] == 64
     assert g.max_waste == pytest.approx(0.5)
     roomy = propose_sizes(4, 16, max_graphs=14)  # a budget that fits spends its graphs on less waste
     assert len(roomy.sizes) <= 14 and roomy.max_waste < 0.1 and roomy.coverage.ok
-    with pytest.raises(SpecError, match="needs 16 graphs, above --max-graphs 4"):
+    with pytest.raises(UsageError, match="needs 16 graphs, above --max-graphs 4"):
         propose_sizes(4, 16, max_waste_pct=0, max_graphs=4)
     assert propose_sizes(4, 16, max_waste_pct=0, max_graphs=4, force=True).sizes == g.sizes
-    with pytest.raises(SpecError, match=r"--max-waste 100: must be in \[0, 100\)"):
+    with pytest.raises(UsageError, match=r"--max-waste 100: must be in \[0, 100\)"):
         propose_sizes(4, 16, max_waste_pct=100)
 
 
