@@ -1,17 +1,20 @@
 /* graphbuf.buffers._staged: staged writes and their commit in C (buffer protocol, no numpy C API).
  *
- * Staged(host, lens, pad, lo, hi, table, index, lock, colmax, top)
+ * Staged(host, lens, pad, lo, hi, table, index, lock, colmax, top, checks, ndarray)
  *     One staged buffer's host state (graphbuf.buffers.staged): host, the whole allocation (1-D or 2-D,
  *     C-contiguous, writable); lens, int64 per row (2-D; None for 1-D); pad, the pad's bytes; lo/hi, the
  *     value bounds (None: unbounded); table, rows at n live requests (None: rows do not follow requests);
  *     index, the slot index the high-water marks are kept by; lock, the buffers' guard (a threading.Lock);
- *     colmax/top, the column and row marks of the host state. The changed cells are kept here.
+ *     colmax/top, the column and row marks of the host state; checks, the Python checks of the buffer
+ *     (staged._Checks); ndarray, numpy's array type. The changed cells are kept here.
  *
  *     Methods set, append, set_row, clear_row, move_row, swap_rows, scatter: the write API of
  *     graphbuf.buffers.staged.StagedBuffer. Arguments in their plain form (int rows and columns in range,
- *     values as a 1-D contiguous buffer of the host's element type, or a list of ints that fit it) are
- *     applied here; anything else goes through the subclass's _normalize(op, *args), which raises the
- *     Python path's error or returns the arguments in plain form. A guard held elsewhere calls _busy(op).
+ *     values as a 1-D contiguous numpy array (exactly ndarray) of the host's element type, or a list of
+ *     ints that fit it) are applied here; anything else goes through checks._normalize(op, *args), which
+ *     raises the Python path's error or returns the arguments in plain form, owned by it. A guard held
+ *     elsewhere calls checks._busy(op). Scatter copies its plain indices and values before it checks them:
+ *     what it writes is what it checked, even when they view the host state.
  *
  * commit(cores, n, rows_of, cols_of, targets, sources, slab_lo, slab_hi) -> moved bytes | False | None
  *     A refresh's staged commit of n live requests, in place, before the refresh writes its full sources
@@ -78,7 +81,8 @@ typedef struct {
     int64_t *table;
     Py_ssize_t ntable; /* -1: no table */
     Py_ssize_t index;
-    PyObject *lock;
+    PyObject *lock, *checks;
+    PyTypeObject *ndarray;
     int64_t colmax, top;
     int64_t *runs; /* [start, stop) pairs of flat indices */
     Py_ssize_t nruns, caprun;
@@ -183,9 +187,10 @@ static int int_fits(int kind, Py_ssize_t isz, PyObject *o, char *dst) {
     }
 }
 
-/* A 1-D contiguous buffer of kind and item size (not bytes): 1 and v filled, else 0 (nothing held). */
-static int plain_array(PyObject *o, int kind, Py_ssize_t isz, Vals *v) {
-    if (!PyObject_CheckBuffer(o) || PyBytes_Check(o) || PyByteArray_Check(o)) return 0;
+/* A 1-D contiguous numpy array (exactly ndarray: no subclass, no other buffer) of kind and item size: 1 and
+ * v filled, else 0 (nothing held). */
+static int plain_array(PyObject *o, PyTypeObject *ndarray, int kind, Py_ssize_t isz, Vals *v) {
+    if (Py_TYPE(o) != ndarray) return 0;
     if (PyObject_GetBuffer(o, &v->view, PyBUF_RECORDS_RO) < 0) {
         PyErr_Clear();
         return 0;
@@ -222,13 +227,13 @@ static int plain_values(const Staged *s, PyObject *o, Vals *v) {
         v->data = v->tmp, v->k = k;
         return 1;
     }
-    return plain_array(o, s->kind, s->isz, v);
+    return plain_array(o, s->ndarray, s->kind, s->isz, v);
 }
 
 /* An int64 index array in plain form (scatter's rows and cols). */
-static int plain_int64(PyObject *o, Vals *v) {
+static int plain_int64(const Staged *s, PyObject *o, Vals *v) {
     v->held = 0, v->tmp = NULL;
-    return plain_array(o, K_SIGNED, 8, v);
+    return plain_array(o, s->ndarray, K_SIGNED, 8, v);
 }
 
 /* Arguments by position or keyword into out[0..n), defaults kept; -1 with TypeError otherwise. */
@@ -273,7 +278,7 @@ static int take(Staged *s, const char *op) {
     if (ok) return 0;
     PyObject *name = PyUnicode_FromString(op);
     if (!name) return -1;
-    r = PyObject_CallMethodOneArg((PyObject *)s, s_busy, name);
+    r = PyObject_CallMethodOneArg(s->checks, s_busy, name);
     Py_DECREF(name);
     Py_XDECREF(r);
     if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "%s(): the guard is held elsewhere", op);
@@ -289,10 +294,10 @@ static void give(Staged *s) {
     PyErr_Restore(tp, val, tb);
 }
 
-/* self._normalize(op, *args): a new tuple of the arguments in plain form, or NULL with its error. */
+/* checks._normalize(op, *args): a new tuple of the arguments in plain form, or NULL with its error. */
 static PyObject *normalize(Staged *s, const char *op, PyObject *const *args, int n) {
     PyObject *stack[6];
-    stack[0] = (PyObject *)s;
+    stack[0] = s->checks;
     stack[1] = PyUnicode_FromString(op);
     if (!stack[1]) return NULL;
     for (int i = 0; i < n; i++) stack[2 + i] = args[i];
@@ -360,6 +365,10 @@ static PyObject *set_impl(Staged *s, PyObject *const *args, Py_ssize_t nargs, Py
         if (ok && append) {
             ok = s->wide;
             c = ok ? (Py_ssize_t)lens(s)[r] : 0;
+            if (ok && (c < 0 || c > s->width)) { /* lens is private (exposed read-only): never here */
+                PyErr_Format(PyExc_SystemError, "append(): row %zd's length %zd is corrupt", r, c);
+                goto done;
+            }
             if (ok && c + v.k > s->width) { /* past the row's end: set()'s error, as the Python path */
                 vals_release(&v);
                 PyObject *col = PyLong_FromSsize_t(c);
@@ -554,6 +563,23 @@ static PyObject *st_swap_rows(Staged *s, PyObject *const *args, Py_ssize_t nargs
     return row_op(s, "swap_rows", names, 2, args, nargs, kwnames, do_swap_rows);
 }
 
+/* Scatter's plain rows, cols (2-D) and values copied into one owned block (*own), the views pointed at it:
+ * the checks and the writes read the copy, so indices or values that view the host state cannot change
+ * between the check and the write. */
+static int copy_args(const Staged *s, Vals *rv, Vals *cv, Vals *v, char **own) {
+    size_t k = (size_t)rv->k, isz = (size_t)s->isz;
+    *own = PyMem_Malloc(k * (s->wide ? 16 : 8) + k * isz);
+    if (!*own) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    char *p = *own;
+    memcpy(p, rv->data, k * 8), rv->data = p, p += k * 8;
+    if (s->wide) memcpy(p, cv->data, k * 8), cv->data = p, p += k * 8;
+    memcpy(p, v->data, k * isz), v->data = p;
+    return 0;
+}
+
 static PyObject *st_scatter(Staged *s, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     static const char *const names[] = {"rows", "values", "cols"};
     PyObject *a[3] = {NULL, NULL, NULL};
@@ -562,14 +588,16 @@ static PyObject *st_scatter(Staged *s, PyObject *const *args, Py_ssize_t nargs, 
     if (take(s, "scatter") < 0) return NULL;
     PyObject *norm = NULL, *result = NULL;
     Vals rv = {0}, cv = {0}, v = {0};
+    char *own = NULL;
     for (int attempt = 0;; attempt++) {
-        int ok = plain_int64(a[0], &rv);
+        int ok = plain_int64(s, a[0], &rv);
         int pv = ok ? plain_values(s, a[1], &v) : 0;
         if (pv < 0) goto done;
         ok = ok && pv && v.k == rv.k;
-        if (ok && s->wide) ok = a[2] != Py_None && plain_int64(a[2], &cv) && cv.k == rv.k;
+        if (ok && s->wide) ok = a[2] != Py_None && plain_int64(s, a[2], &cv) && cv.k == rv.k;
         if (ok && !s->wide) ok = a[2] == Py_None;
         Py_ssize_t k = rv.k;
+        if (ok && k && copy_args(s, &rv, &cv, &v, &own) < 0) goto done;
         const int64_t *rows = (const int64_t *)rv.data, *cols = s->wide && ok ? (const int64_t *)cv.data : NULL;
         int64_t hi = -1, chi = -1;
         for (Py_ssize_t i = 0; ok && i < k; i++) {
@@ -606,6 +634,7 @@ static PyObject *st_scatter(Staged *s, PyObject *const *args, Py_ssize_t nargs, 
             goto done;
         }
         vals_release(&rv), vals_release(&cv), vals_release(&v);
+        PyMem_Free(own), own = NULL;
         if (attempt) {
             unplain("scatter");
             goto done;
@@ -620,6 +649,7 @@ static PyObject *st_scatter(Staged *s, PyObject *const *args, Py_ssize_t nargs, 
     }
 done:
     vals_release(&rv), vals_release(&cv), vals_release(&v);
+    PyMem_Free(own);
     give(s);
     Py_XDECREF(norm);
     return result;
@@ -776,6 +806,7 @@ static int visit(const Job *j, char *target, int64_t *moved) {
     }
     for (Py_ssize_t i = 0; i < s->ncells; i++) {
         int64_t c = s->cells[i];
+        if (c < 0) return -1; /* recorded only after its check: never here */
         if (c >= lim) continue;
         if (target) {
             memcpy(target + c * isz, at(s, c), (size_t)isz);
@@ -948,11 +979,11 @@ done:
 /* ------------------------------------------------------------------------------------------- type */
 
 static int st_init(Staged *s, PyObject *args, PyObject *kwds) {
-    PyObject *host, *lensobj, *pad, *lo, *hi, *table, *lock;
+    PyObject *host, *lensobj, *pad, *lo, *hi, *table, *lock, *checks, *ndarray;
     Py_ssize_t index;
     long long colmax, top;
-    if (!PyArg_ParseTuple(args, "OOSOOOnOLL:Staged", &host, &lensobj, &pad, &lo, &hi, &table, &index, &lock,
-                          &colmax, &top))
+    if (!PyArg_ParseTuple(args, "OOSOOOnOLLOO!:Staged", &host, &lensobj, &pad, &lo, &hi, &table, &index, &lock,
+                          &colmax, &top, &checks, &PyType_Type, &ndarray))
         return -1;
     if (s->held) {
         PyErr_SetString(PyExc_RuntimeError, "Staged: already initialized");
@@ -1022,6 +1053,8 @@ static int st_init(Staged *s, PyObject *args, PyObject *kwds) {
     s->index = index;
     Py_INCREF(lock);
     s->lock = lock;
+    s->checks = Py_NewRef(checks);
+    s->ndarray = (PyTypeObject *)Py_NewRef(ndarray);
     if (colmax < 0 || colmax > s->width || top < 0 || top > s->rows) {
         PyErr_SetString(PyExc_ValueError, "Staged: colmax or top outside the host state");
         return -1;
@@ -1032,11 +1065,15 @@ static int st_init(Staged *s, PyObject *args, PyObject *kwds) {
 
 static int st_traverse(Staged *s, visitproc visit, void *arg) {
     Py_VISIT(s->lock);
+    Py_VISIT(s->checks);
+    Py_VISIT((PyObject *)s->ndarray);
     return 0;
 }
 
 static int st_clear_refs(Staged *s) {
     Py_CLEAR(s->lock);
+    Py_CLEAR(s->checks);
+    Py_CLEAR(s->ndarray);
     return 0;
 }
 
@@ -1049,7 +1086,7 @@ static void st_dealloc(Staged *s) {
     PyMem_Free(s->runs);
     PyMem_Free(s->cells);
     st_clear_refs(s);
-    Py_TYPE(s)->tp_free((PyObject *)s); /* a Python subclass's dealloc releases its type */
+    Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
 #define FAST (METH_FASTCALL | METH_KEYWORDS)
@@ -1080,7 +1117,7 @@ static PyGetSetDef st_getset[] = {
 static PyTypeObject StagedType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "graphbuf.buffers._staged.Staged",
     .tp_basicsize = sizeof(Staged),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "One staged buffer's host state and changed cells.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)st_init,

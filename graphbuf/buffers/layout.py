@@ -161,7 +161,7 @@ class Layout:
     def slot(self, label: str, name: Any) -> Slot:
         slot = self.slots.get(name) if isinstance(name, str) else None
         if slot is None:
-            if name in self.per_group:
+            if isinstance(name, str) and name in self.per_group:
                 names = ", ".join(s.name for s in self.order if s.plan.spec_name == name)
                 raise self.fail(
                     RefreshError, name, label, f"is declared per group; pass each group's buffer: {names}"

@@ -33,7 +33,7 @@ from graphbuf.buffers import (
     where,
 )
 from graphbuf.devices import resolve_device
-from graphbuf.errors import RefreshError, RowsError
+from graphbuf.errors import RefreshError, RowsError, UsageError
 from graphbuf.exclusive import Exclusive
 from graphbuf.planning.planner import Plan, plan
 from graphbuf.spec.expr import ExprError
@@ -88,7 +88,7 @@ class StaticBuffers:
         if staging is None and self.device.type != "cpu":
             staging = 2
         if staging is not None and (count_of(staging) is None or staging < 1):
-            raise ValueError(
+            raise UsageError(
                 f"StaticBuffers(staging={staging!r}): allowed: an integer >= 1, or None on the cpu"
             )
         self.plan: Plan = (

@@ -45,7 +45,6 @@ capture sizes take full refreshes only (:meth:`StagingArea.buffer` says so).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -55,8 +54,8 @@ import torch
 
 from graphbuf.buffers import native
 from graphbuf.buffers.commit import Committer
-from graphbuf.buffers.layout import NP_OF_TORCH, Layout, Slot, dtype_name
-from graphbuf.buffers.validate import Prepared, check_typed, check_values, live_fits
+from graphbuf.buffers.layout import Layout, Slot
+from graphbuf.buffers.validate import Prepared, check_row, check_values, live_fits
 from graphbuf.errors import RefreshError, RowsError, WidthError
 from graphbuf.exclusive import Exclusive
 
@@ -66,7 +65,6 @@ _INT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TORCH_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _EMPTY = np.zeros(0, dtype=np.int64)
 _FEW = 8  # up to this many runs are expanded one arange each
-_OPS = ("set", "append", "set_row", "clear_row", "move_row", "swap_rows", "scatter")
 
 
 def _expand(runs: np.ndarray) -> np.ndarray:
@@ -91,20 +89,13 @@ def _expand(runs: np.ndarray) -> np.ndarray:
 
 class _Checks:
     """The stage-time checks of one staged buffer: every write's arguments in plain form (int rows and
-    columns inside the allocation, values a contiguous 1-D array of the buffer's element type), or the
-    error naming what is wrong. Both host-state kinds use them: the Python one on every write, the native
-    one (``graphbuf.buffers._staged``) on any argument it does not take as it is."""
+    columns inside the allocation; values and indices fresh contiguous 1-D arrays owned here), or the error
+    naming what is wrong. Both host states use them: the Python one on every write, the native one
+    (``graphbuf.buffers._staged``) on any argument it does not take as it is."""
 
-    slot: Slot
-    host: np.ndarray
-    lens: np.ndarray | None
-    rows: int
-    width: int
-    wide: bool
-    guard: Exclusive
-
-    def _init_shape(self, slot: Slot, host: np.ndarray, lens: np.ndarray | None, guard: Exclusive) -> None:
+    def __init__(self, slot: Slot, host: np.ndarray, lens: np.ndarray | None, guard: Exclusive) -> None:
         self.slot = slot
+        self.name = slot.name
         self.host = host  # the whole allocation, numpy element type of the slot
         self.flat = host.reshape(-1)
         self.lens = lens  # 2-D: per row, the columns that may differ from the pad (the rest is pad)
@@ -112,10 +103,6 @@ class _Checks:
         self.wide = host.ndim == 2
         self.width = host.shape[1] if self.wide else 1
         self.guard = guard
-
-    @property
-    def name(self) -> str:
-        return self.slot.name
 
     def _busy(self, op: str) -> None:
         raise self.guard.busy(f"{op}()")
@@ -163,7 +150,7 @@ class _Checks:
         raise ValueError(f"_normalize: unknown op {op!r}")
 
     def _scatter_args(self, rows: Any, values: Any, cols: Any) -> tuple[Any, ...]:
-        r = np.ascontiguousarray(np.asarray(rows, dtype=np.int64).reshape(-1))
+        r, lo, hi = self._indices(rows, "rows", RowsError)
         arr = self._values(values, "scatter")
         if arr.shape[0] != r.shape[0]:
             raise RefreshError(
@@ -171,30 +158,60 @@ class _Checks:
             )
         if not r.shape[0]:
             return None, None, None
-        lo, hi = int(r.min()), int(r.max())
         if lo < 0 or hi >= self.rows:
-            bad = lo if lo < 0 else hi
             raise RowsError(
-                f"scatter(): buffer {self.name!r}: row {bad} outside the captured allocation of "
-                f"{self.rows} rows"
+                f"scatter(): buffer {self.name!r}: row {lo if lo < 0 else hi} outside the captured "
+                f"allocation of {self.rows} rows"
             )
         if not self.wide:
             if cols is not None:
                 raise WidthError(f"scatter(): buffer {self.name!r} is 1-D; cols must be None")
-            return r, arr, None
+            return r.astype(np.int64), arr, None
         if cols is None:
             raise RefreshError(f"scatter(): buffer {self.name!r} is 2-D; pass cols=")
-        c = np.ascontiguousarray(np.asarray(cols, dtype=np.int64).reshape(-1))
+        c, clo, chi = self._indices(cols, "cols", WidthError)
         if c.shape[0] != r.shape[0]:
             raise RefreshError(f"scatter(): buffer {self.name!r}: {r.shape[0]} rows but {c.shape[0]} cols")
-        clo, chi = int(c.min()), int(c.max())
         if clo < 0 or chi >= self.width:
-            bad = clo if clo < 0 else chi
             raise WidthError(
-                f"scatter(): buffer {self.name!r}: column {bad} outside the captured allocation of "
-                f"{self.width} columns"
+                f"scatter(): buffer {self.name!r}: column {clo if clo < 0 else chi} outside the captured "
+                f"allocation of {self.width} columns"
             )
-        return r, arr, c
+        return r.astype(np.int64), arr, c.astype(np.int64)
+
+    def _indices(self, x: Any, what: str, err: type[RefreshError]) -> tuple[np.ndarray, int, int]:
+        """Scatter's ``rows`` or ``cols`` under :meth:`_row`'s integer rule (ints and numpy integers; no
+        bool, float or str): a fresh flat array of the given integers, and their least and greatest value
+        as given (never wrapped). Empty: (array, 0, -1)."""
+        tp = type(x)
+        if tp is torch.Tensor and x.device.type == "cpu" and x.layout == torch.strided:
+            x = x.detach().cpu().resolve_neg().resolve_conj().numpy()
+            tp = np.ndarray
+        if tp is np.ndarray:
+            if x.dtype.kind not in "iu":
+                raise err(f"scatter(): buffer {self.name!r}: {what} of dtype {x.dtype}; allowed: integers")
+            flat = np.array(x, order="C").reshape(-1)  # a copy: the caller may reuse its array
+            if not flat.size:
+                return flat, 0, -1
+            return flat, int(flat.min()), int(flat.max())
+        if tp is list or tp is tuple:
+            for i, v in enumerate(x):
+                if type(v) is not int and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+                    raise err(f"scatter(): buffer {self.name!r}: {what}[{i}] = {v!r} is not an integer")
+            ints = [int(v) for v in x]
+            if not ints:
+                return np.zeros(0, dtype=np.int64), 0, -1
+            lo, hi = min(ints), max(ints)
+            if lo < -(2**63) or hi >= 2**63:  # outside int64: no array holds them; the range check names them
+                return np.zeros(len(ints), dtype=np.int64), lo, hi
+            return np.array(ints, dtype=np.int64), lo, hi
+        if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+            v = int(x)
+            return np.array([v if -(2**63) <= v < 2**63 else 0], dtype=np.int64), v, v
+        raise err(
+            f"scatter(): buffer {self.name!r}: {what} of type {type(x).__name__}; allowed: a list or array "
+            "of integers, or one int"
+        )
 
     def _row(self, row: Any, op: str) -> int:
         if type(row) is not int:
@@ -220,61 +237,20 @@ class _Checks:
         return col
 
     def _values(self, values: Any, op: str) -> np.ndarray:
-        """``values`` as a contiguous 1-D array of the buffer's dtype, holding them exactly (the cast rules
-        of a full refresh)."""
-        slot = self.slot
-        tp = type(values)
-        listed = False
-        if tp is np.ndarray:
-            arr = values
-        elif tp is torch.Tensor or isinstance(values, torch.Tensor):
-            if values.device.type != "cpu" or values.dtype not in NP_OF_TORCH:
-                raise RefreshError(
-                    f"{op}(): buffer {self.name!r}: a {dtype_name(values.dtype)} tensor on {values.device}; "
-                    "staged values are host numbers (a cpu tensor of a numpy dtype, an array or a list)"
-                )
-            arr = values.detach().numpy()
-        else:
-            arr = np.asarray(values)
-            listed = True
-        if arr.ndim != 1:
-            arr = arr.reshape(-1) if arr.ndim == 0 else arr
-            if arr.ndim != 1:
-                raise RefreshError(
-                    f"{op}(): buffer {self.name!r}: values of shape {list(arr.shape)}; pass one row (1-D)"
-                )
-        want = slot.np_dtype
-        if arr.dtype == want or not arr.size:
-            return np.ascontiguousarray(arr, dtype=want)
-        if listed and arr.dtype.kind in "iu" and slot.kind in "iu":
-            info = np.iinfo(want)
-            amin, amax = int(arr.min()), int(arr.max())
-            if amin < info.min or amax > info.max:
-                raise RefreshError(
-                    f"{op}(): buffer {self.name!r}: values {amin}..{amax} do not fit "
-                    f"{dtype_name(slot.plan.dtype)} ({info.min}..{info.max})"
-                )
-            return arr.astype(want)
-        if listed and arr.dtype.kind in "iuf" and slot.kind == "f":
-            out = arr.astype(want)
-            if not np.array_equal(np.isfinite(out), np.isfinite(arr)):
-                raise RefreshError(
-                    f"{op}(): buffer {self.name!r}: values do not fit {dtype_name(slot.plan.dtype)}"
-                )
-            return out
-        shaped = arr.reshape(1, -1) if slot.ndim == 2 else arr
-        check_typed(slot, np.ascontiguousarray(shaped), self.name, f"{op}()")  # raises a refresh's message
-        return np.ascontiguousarray(arr, dtype=want)
+        """``values`` as a fresh contiguous 1-D array of the buffer's dtype: a refresh's value rule
+        (:func:`~graphbuf.buffers.validate.check_row`)."""
+        return check_row(self.slot, values, self.name, f"{op}()")
 
 
 class _PyMirror(_Checks):
     """One staged buffer's host state and its uncommitted changes (flat element indices), in Python: the
-    path without the native kernel, the same writes as :class:`_NativeMirror`'s."""
+    path without the native kernel, the same writes as ``graphbuf.buffers._staged.Staged``'s (its checks
+    are its own, the native one holds a :class:`_Checks`)."""
 
     def __init__(
         self, slot: Slot, host: np.ndarray, lens: np.ndarray | None, colmax: int, top: int, guard: Exclusive
     ) -> None:
-        self._init_shape(slot, host, lens, guard)
+        super().__init__(slot, host, lens, guard)
         self.runs: list[tuple[int, int]] = []  # changed [start, stop) ranges of flat indices
         self.cells: list[np.ndarray] = []  # changed flat indices, scattered
         self.colmax = colmax  # bound of every row's lens (the column high-water mark a commit leaves)
@@ -291,8 +267,16 @@ class _PyMirror(_Checks):
         self.runs.clear()
         self.cells.clear()
 
-    def changed(self) -> np.ndarray:
-        """Every changed flat index (a cell staged twice appears twice), as one int64 array."""
+    @property
+    def nchanged(self) -> int:
+        return sum(b - a for a, b in self.runs if b > a) + sum(c.size for c in self.cells)
+
+    def changed_into(self, out: np.ndarray) -> None:
+        """Every changed flat index (a cell staged twice appears twice) into ``out`` (the native host
+        state's interface)."""
+        out[:] = self._changed()
+
+    def _changed(self) -> np.ndarray:
         runs, cells = self.runs, self.cells
         parts = list(cells)
         if runs:
@@ -424,108 +408,91 @@ class _PyMirror(_Checks):
                 self.top = hi + 1
 
 
-@functools.cache
-def _native_mirror(kernel: ModuleType) -> type:
-    """:class:`_Checks` over ``kernel.Staged`` (``graphbuf.buffers._staged``): the host state in C."""
-
-    class _NativeMirror(kernel.Staged, _Checks):  # type: ignore[misc, name-defined]
-        """One staged buffer's host state: the writes and the changed cells in C, the checks in Python."""
-
-        def __init__(
-            self,
-            slot: Slot,
-            host: np.ndarray,
-            lens: np.ndarray | None,
-            colmax: int,
-            top: int,
-            guard: Exclusive,
-        ) -> None:
-            self._init_shape(slot, host, lens, guard)
-            pad = slot.pad.tobytes()
-            table = slot.rows_of_requests
-            super().__init__(host, lens, pad, slot.lo, slot.hi, table, slot.index, guard.lock, colmax, top)
-
-        def changed(self) -> np.ndarray:
-            """Every changed flat index (a cell staged twice appears twice), as one int64 array."""
-            out = np.empty(self.nchanged, dtype=np.int64)
-            self.changed_into(out)
-            return out
-
-    return _NativeMirror
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    """A view of ``arr`` that cannot be made writable (its base is a read-only buffer, so numpy refuses
+    to set ``writeable``); it follows ``arr``'s values."""
+    return np.asarray(memoryview(arr).toreadonly())
 
 
 class StagedBuffer:
     """Staged writes to one buffer (from :meth:`graphbuf.StaticBuffers.stage`). Rows and columns index the
     buffer's whole allocation; one outside it raises :class:`RowsError`/:class:`WidthError` here, at stage
-    time. Values are checked for a safe cast here and against ``min``/``max`` (and NaN) when a refresh
-    commits them. A 1-D buffer's "row" is one element: :meth:`set` writes a run of elements from ``row``.
+    time. Values are checked for a safe cast here (a refresh's rule) and against ``min``/``max`` (and NaN)
+    when a refresh commits them. Every write copies its indices and values at the call: nothing the caller
+    does to them afterwards reaches the host state. A 1-D buffer's "row" is one element: :meth:`set`
+    writes a run of elements from ``row``.
     """
 
-    def __init__(self, mirror: Any) -> None:
-        self._m = mirror
-        self.name = mirror.slot.name
-        # The write methods are the host state's own (native ones without a Python frame); the methods
-        # below document them and stand in for them on a class-level lookup.
-        for op in _OPS:
-            setattr(self, op, getattr(mirror, op))
+    __slots__ = ("_c", "_core", "_host", "_lens", "name")
+
+    def __init__(self, checks: _Checks, core: Any) -> None:
+        self._c = checks  # shape, host arrays, the stage-time checks
+        self._core = core  # the host state's writes and changed cells (_PyMirror, or the native Staged)
+        self.name = checks.name
+        self._host = _read_only(checks.host)
+        self._lens = _read_only(checks.lens) if checks.lens is not None else None
 
     @property
     def host(self) -> np.ndarray:
-        """The host state (read-only view; bfloat16 is refused, so values are in the buffer's dtype)."""
-        v = self._m.host.view()
-        v.flags.writeable = False
-        return v
+        """The host state (a read-only view that cannot be made writable; bfloat16 is refused, so values
+        are in the buffer's dtype)."""
+        return self._host
 
     @property
     def lengths(self) -> np.ndarray:
-        """2-D: per row, the columns that may hold values (read-only; set/append/set_row keep it)."""
-        if self._m.lens is None:
+        """2-D: per row, the columns that may hold values (read-only as :attr:`host`; the writes keep it)."""
+        if self._lens is None:
             raise RefreshError(f"lengths: buffer {self.name!r} is 1-D; it has no row lengths")
-        v = self._m.lens.view()
-        v.flags.writeable = False
-        return v
+        return self._lens
 
     @property
     def pending(self) -> bool:
         """True while staged writes wait for a refresh to commit them."""
-        return self._m.pending
+        return self._core.pending
 
     def set(self, row: int, values: Any, col: int = 0) -> None:
         """2-D: ``values`` into row ``row`` from column ``col``. 1-D: into elements ``row``, ``row+1``, ..."""
-        self._m.set(row, values, col)
+        self._core.set(row, values, col)
 
     def append(self, row: int, values: Any) -> None:
         """2-D: ``values`` into row ``row`` after its last value (:attr:`lengths`)."""
-        self._m.append(row, values)
+        self._core.append(row, values)
 
     def set_row(self, row: int, values: Any) -> None:
         """Row ``row`` becomes ``values``, the rest of the row the pad (1-D: one element)."""
-        self._m.set_row(row, values)
+        self._core.set_row(row, values)
 
     def clear_row(self, row: int) -> None:
         """Row ``row`` becomes the pad."""
-        self._m.clear_row(row)
+        self._core.clear_row(row)
 
     def move_row(self, src: int, dst: int) -> None:
         """Row ``dst`` becomes a copy of row ``src`` (``src`` keeps its values), as vLLM's ``move_row``."""
-        self._m.move_row(src, dst)
+        self._core.move_row(src, dst)
 
     def swap_rows(self, a: int, b: int) -> None:
         """Rows ``a`` and ``b`` trade values."""
-        self._m.swap_rows(a, b)
+        self._core.swap_rows(a, b)
 
     def scatter(self, rows: Any, values: Any, cols: Any = None) -> None:
         """Many cells at once: cell ``(rows[i], cols[i])`` (1-D: element ``rows[i]``) becomes ``values[i]``.
-        With repeated cells the last value wins. The batched form of :meth:`set` and :meth:`append`."""
-        self._m.scatter(rows, values, cols)
+        With repeated cells the last value wins. The batched form of :meth:`set` and :meth:`append`. Rows
+        and columns follow :meth:`set`'s integer rule (no bool, float or str)."""
+        self._core.scatter(rows, values, cols)
+
+    def _changed(self) -> np.ndarray:
+        """Every uncommitted changed flat index (a cell staged twice appears twice), as one int64 array."""
+        out = np.empty(self._core.nchanged, dtype=np.int64)
+        self._core.changed_into(out)
+        return out
 
     def __repr__(self) -> str:
         return f"StagedBuffer({self.name!r}, pending={self.pending})"
 
 
-# One staged buffer's commit, checked and not yet written: (mirror, live rows, changed and entering flat
+# One staged buffer's commit, checked and not yet written: (handle, live rows, changed and entering flat
 # indices (or one slice of them), their values, first and last cleared row, cleared columns, column mark).
-_Plan = tuple[Any, int, np.ndarray | slice, np.ndarray, int, int, int, int]
+_Plan = tuple[StagedBuffer, int, np.ndarray | slice, np.ndarray, int, int, int, int]
 
 
 class StagingArea:
@@ -544,8 +511,7 @@ class StagingArea:
         self._commit = committer
         self._full = full
         self._slab = slab
-        self._mirrors: dict[str, Any] = {}  # _PyMirror or _NativeMirror
-        self._handles: dict[str, StagedBuffer] = {}
+        self._mirrors: dict[str, StagedBuffer] = {}
         self.names: frozenset[str] = frozenset()
         #: The buffers a refresh must be given: the required ones not staged.
         self.required: frozenset[str] = layout.required
@@ -562,12 +528,13 @@ class StagingArea:
         self._cores: list[Any] = []
         self._core_targets: list[np.ndarray] = []
         self._native: ModuleType | None = None
+        self._kernel = native.STAGED  # the host state's kind, chosen once, with the buffers
         self._slab_range = (slab.data_ptr(), slab.data_ptr() + slab.numel())
 
     def buffer(self, name: Any) -> StagedBuffer:
         """The staged-write handle of buffer ``name`` (made on first use: its host state then takes the
         buffer's current contents)."""
-        h = self._handles.get(name) if isinstance(name, str) else None
+        h = self._mirrors.get(name) if isinstance(name, str) else None
         if h is not None:
             return h
         label = "stage()"
@@ -590,24 +557,28 @@ class StagingArea:
         if slot.ndim == 2:
             lens = np.zeros(host.shape[0], dtype=np.int64)
             lens[:rows] = cols
-        kernel = native.STAGED
-        kind = _native_mirror(kernel) if kernel is not None else _PyMirror
-        m = kind(slot, host, lens, cols if slot.ndim == 2 else 0, rows, self.guard)
+        colmax = cols if slot.ndim == 2 else 0
+        kernel = self._kernel
+        if kernel is None:
+            core: Any = _PyMirror(slot, host, lens, colmax, rows, self.guard)
+            checks: _Checks = core
+        else:
+            checks = _Checks(slot, host, lens, self.guard)
+            table = slot.rows_of_requests
+            core = kernel.Staged(
+                host, lens, slot.pad.tobytes(), slot.lo, slot.hi, table, slot.index, self.guard.lock, colmax,
+                rows, checks, np.ndarray,
+            )  # fmt: skip
         if not self._staged:
             self._targets[name] = t.numpy().reshape(-1)
-        self._mirrors[name] = m
+        h = StagedBuffer(checks, core)
+        self._mirrors[name] = h
         self.names = frozenset(self._mirrors)
         self.required = self.layout.required.difference(self.names)
-        mirrors = list(self._mirrors.values())
-        native_all = kernel is not None and all(type(x) is kind for x in mirrors)
-        if native_all and not self._staged:
-            self._cores = mirrors
-            self._core_targets = [self._targets[x.slot.name] for x in mirrors]
+        if kernel is not None and not self._staged:
+            self._cores = [x._core for x in self._mirrors.values()]
+            self._core_targets = [self._targets[x.name] for x in self._mirrors.values()]
             self._native = kernel
-        else:
-            self._native = None
-        h = StagedBuffer(m)
-        self._handles[name] = h
         return h
 
     def host_sources(self, names: Iterable[str], size: int, n: int) -> dict[str, np.ndarray]:
@@ -616,9 +587,9 @@ class StagingArea:
         allocation holds gets them all, and its check names the shortfall."""
         out = {}
         for name in names:
-            m = self._mirrors[name]
-            live = m.rows if m.slot.rows_of_requests is None else self.layout.rows_at(m.slot, size, n)
-            out[name] = m.host[:live].copy()
+            c = self._mirrors[name]._c
+            live = c.rows if c.slot.rows_of_requests is None else self.layout.rows_at(c.slot, size, n)
+            out[name] = c.host[:live].copy()
         return out
 
     def commit_native(self, prepared: list[Prepared], n: int) -> int | None:
@@ -653,24 +624,25 @@ class StagingArea:
                     )  # fmt: skip
         plans = []
         layout = self.layout
-        for name, m in mirrors.items():
+        for name, h in mirrors.items():
             if given is not None and name in given:
                 continue
+            m, core = h._c, h._core
             slot = m.slot
             table = slot.rows_of_requests
             live = table[n] if table is not None and n < len(table) else layout.rows_at(slot, size, n)
             shown, cols = self._commit.mark(slot.index)  # rows [:shown] hold host[:shown]; the rest pad
-            if not m.pending and live == shown:
+            if not core.pending and live == shown:
                 continue
             w = m.width
             keep = min(live, shown)
             idx: np.ndarray | slice
-            one = m.single() if live <= shown else None
+            one = core.single() if live <= shown else None
             if one is not None:  # one run, no row enters: a slice
                 a, b = one
                 idx = slice(a, max(a, min(b, keep * w)))
             else:
-                idx = m.changed() if m.pending else _EMPTY
+                idx = h._changed() if core.pending else _EMPTY
                 if idx.size and (keep < m.rows):
                     idx = idx[idx < keep * w]
                 if live > shown:  # rows entering the live range: their used width
@@ -684,8 +656,8 @@ class StagingArea:
             if vals.size and (slot.bounded or slot.kind == "f") and not _fits(slot, vals):
                 region = m.host[:live]
                 check_values(layout, slot, region, name, label)  # raises with a full refresh's message
-            colmark = (m.colmax if m.wide else 0) if live else 0
-            plans.append((m, live, idx, vals, live, shown if shown > live else live, cols, colmark))
+            colmark = (core.colmax if m.wide else 0) if live else 0
+            plans.append((h, live, idx, vals, live, shown if shown > live else live, cols, colmark))
         return plans
 
     def apply(self, plans: list[_Plan], prepared: Sequence[Prepared]) -> None:
@@ -695,9 +667,9 @@ class StagingArea:
         if plans:
             moved = self._write_in_place(plans) if not self._staged else self._upload(plans)
             commit = self._commit
-            for m, live, *_, colmark in plans:
-                m.clear()
-                commit.set_mark(m.slot.index, live, colmark)
+            for h, live, *_, colmark in plans:
+                h._core.clear()
+                commit.set_mark(h._c.slot.index, live, colmark)
         if len(prepared) and self._mirrors:
             for p in prepared:
                 m = self._mirrors.get(p.slot.name)
@@ -708,7 +680,8 @@ class StagingArea:
 
     def _write_in_place(self, plans: list[_Plan]) -> int:
         moved = 0
-        for m, _, idx, vals, c0, c1, ccols, _ in plans:
+        for h, _, idx, vals, c0, c1, ccols, _ in plans:
+            m = h._c
             t = self._targets[m.slot.name]
             isz = m.slot.itemsize
             if vals.size:
@@ -728,7 +701,8 @@ class StagingArea:
         indexed write per element size."""
         groups: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         moved = 0
-        for m, _, idx, vals, c0, c1, ccols, _ in plans:
+        for h, _, idx, vals, c0, c1, ccols, _ in plans:
+            m = h._c
             slot = m.slot
             isz = slot.itemsize
             base = slot.plan.offset // isz
@@ -790,26 +764,28 @@ class StagingArea:
         self._turn = (turn + 1) % len(self._arenas)
         return moved
 
-    def _absorb(self, m: Any, p: Prepared) -> None:
-        """A refresh gave ``m``'s buffer whole: its live values become the host state, other rows pad."""
+    def _absorb(self, h: StagedBuffer, p: Prepared) -> None:
+        """A refresh gave ``h``'s buffer whole: its live values become the host state, other rows pad."""
         slot, src, dev, n, w = p
         if src is None:
             src = dev.detach().cpu().numpy() if dev is not None else None
+        m, core = h._c, h._core
         pad = slot.pad
-        if m.top > n:
-            m.host[n : m.top] = pad
+        top = core.top
+        if top > n:
+            m.host[n:top] = pad
         if m.wide:
             if src is not None:
                 m.host[:n, :w] = src[:n, :w]
-            if m.colmax > w:
-                m.host[:n, w : m.colmax] = pad
-            m.lens[:n] = w
-            m.lens[n : max(n, m.top)] = 0
-            m.colmax = w if n else 0
+            if core.colmax > w:
+                m.host[:n, w : core.colmax] = pad
+            m.lens[:n] = w  # type: ignore[index]
+            m.lens[n : max(n, top)] = 0  # type: ignore[index]
+            core.colmax = w if n else 0
         elif src is not None:
             m.host[:n] = src[:n]
-        m.top = n
-        m.clear()
+        core.top = n
+        core.clear()
 
 
 def _fits(slot: Slot, vals: np.ndarray) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "Prepared",
     "Source",
     "check_num_reqs",
+    "check_row",
     "check_source",
     "check_typed",
     "check_values",
@@ -155,6 +156,32 @@ def _typed(
     )  # fmt: skip
 
 
+_CPU = torch.device("cpu")
+
+
+def check_row(slot: Slot, values: Any, name: str, label: str) -> np.ndarray:
+    """One row of staged values (1-D: a run of elements) under a refresh's rules of type, dtype and layout
+    (:func:`_typed`, the one value rule both share): a fresh, contiguous 1-D array of the buffer's dtype,
+    owned here (nothing the caller does to ``values`` afterwards reaches it). Bounds and NaN are checked
+    when a refresh commits the values."""
+    tp = type(values)
+    src = values
+    if tp is np.ndarray or ((tp is torch.Tensor or tp is torch.nn.Parameter) and _plain(values)):
+        nd = values.ndim
+        if nd > 1:
+            raise Layout.fail(
+                RefreshError, name, label, f"values of shape {list(values.shape)}; pass one row (1-D)"
+            )
+        row = values.reshape(1) if nd == 0 else values
+        src = row.reshape(1, -1) if slot.ndim == 2 else row
+    elif tp is list or tp is tuple:
+        src = [values] if slot.ndim == 2 else values
+    elif isinstance(values, (numbers.Number, np.generic)) and not isinstance(values, (str, bytes)):
+        src = [[values]] if slot.ndim == 2 else [values]
+    host, _ = _typed(Layout, slot, name, src, label, _CPU)  # type: ignore[arg-type]
+    return np.array(host, dtype=slot.np_dtype, order="C").reshape(-1)
+
+
 def _check_device_layout(slot: Slot, src: torch.Tensor, name: str, label: str) -> None:
     _check_torch_dtype(slot, src.dtype, name, label)
     if src.dim() != slot.ndim:
@@ -213,8 +240,8 @@ def _fitted(
             and not live_fits(slot, host, rows, width)
         ):
             check_values(layout, slot, host, name, label)
-        if slot.bf16:  # an empty source may keep negative strides, which torch refuses
-            dense = np.ascontiguousarray(host) if host.size else np.empty(host.shape, host.dtype)
+        if slot.bf16:  # torch refuses negative strides, which numpy keeps on one-element and empty views
+            dense = host if min(host.strides, default=0) >= 0 else np.array(host, order="C")
             host = torch.from_numpy(dense).to(torch.bfloat16).view(torch.int16).numpy()
     elif strict and dev.numel():  # type: ignore[union-attr]
         _check_values_device(layout, slot, dev, name, label)  # type: ignore[arg-type]
@@ -298,11 +325,13 @@ def _from_list(slot: Slot, src: list | tuple, name: str, label: str) -> np.ndarr
     if arr.size == 0:  # an empty list has no dtype (numpy guesses float64); `[]` for a 2-D buffer is 0x0
         shape = (0, 0) if arr.shape == (0,) and slot.ndim == 2 else arr.shape
         arr = arr.astype(slot.np_dtype).reshape(shape)
+    logical = dtype_name(slot.plan.dtype)
+    if arr.dtype.kind == "O" and slot.kind in "iu":
+        _big_integers(slot, arr, name, label, logical)  # ints past 64 bits: raises "do not fit"
     if arr.dtype.kind not in "biuf":
         raise Layout.fail(
             RefreshError, name, label, f"list holds {arr.dtype} values; allowed: numbers of one shape"
         )
-    logical = dtype_name(slot.plan.dtype)
     if arr.dtype.kind == "f" and slot.kind != "f":
         arr = _integers(arr, src)  # numpy promotes a uint64 beside a Python int to float64
     if arr.dtype.kind == "f" and slot.kind != "f":
@@ -346,6 +375,19 @@ def _from_list(slot: Slot, src: list | tuple, name: str, label: str) -> np.ndarr
             f"value {tiny:g} underflows {logical} (smallest normal {finfo.smallest_normal:g})",
         )  # fmt: skip
     return arr
+
+
+def _big_integers(slot: Slot, arr: np.ndarray, name: str, label: str, logical: str) -> None:
+    """An object array numpy made from integers past 64 bits: the values as given do not fit the buffer's
+    integer dtype (the message an integer list out of range gets). Anything else returns (not integers)."""
+    items = arr.ravel().tolist()
+    if not items or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
+        return
+    info = np.iinfo(slot.np_dtype)
+    raise Layout.fail(
+        RefreshError, name, label,
+        f"values {min(items)}..{max(items)} do not fit {logical} ({info.min}..{info.max})",
+    )  # fmt: skip
 
 
 def _integers(arr: np.ndarray, src: list | tuple) -> np.ndarray:

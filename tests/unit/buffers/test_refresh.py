@@ -307,7 +307,7 @@ BAD_REFRESHES: list[tuple[str, Callable[[Sources], Sources], type[RefreshError],
         "list-beyond-any-int",
         _replace("slot_mapping", [0, 1, 2, 2**70]),
         RefreshError,
-        ["buffer 'slot_mapping': list holds object values"],
+        ["buffer 'slot_mapping': values 0..1180591620717411303424 do not fit int64"],
     ),
     (
         "list-of-strings",
