@@ -15,9 +15,10 @@ import math
 import operator
 import os
 import re
+import types
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError
@@ -310,19 +311,144 @@ def _fmt_path(parts: Iterable[str | int]) -> str:
 
 
 def _format_pydantic(exc: ValidationError, source: str | None) -> str:
-    lines = []
+    """One line per mistake: ``<source>: <field path>: ...``. A value no arm of a union field accepts (or a
+    value outside a literal's choices) is one line naming the value and the allowed forms; a value whose type
+    picks an arm (a mapping for a range, an integer out of bounds) reports that arm's own errors."""
+    where = source or "<spec>"
+    order: list[str | tuple[str | int, ...]] = []  # a line, or a union field whose lines go there
+    unions: dict[tuple[str | int, ...], list[tuple[dict[str, Any], str, list[str | int]]]] = {}
     for err in exc.errors():
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS)]
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-            parent = _MODEL_FOR.get(_parent_kind(loc))
-            if parent is not None:
-                msg += f"; allowed: {', '.join(parent.model_fields)}"
-        elif err["type"] != "missing":
-            msg = f"{msg}, got {_short(err.get('input'))}"
-        lines.append(f"{source or '<spec>'}: {_fmt_path(loc)}: {msg}")
+        field, tag, rest = _split_union(list(err["loc"]))
+        if tag is None:
+            order.append(f"{where}: {_fmt_path(field)}: {_plain_message(err, field)}")
+            continue
+        if tuple(field) not in unions:
+            order.append(tuple(field))
+        unions.setdefault(tuple(field), []).append((err, tag, rest))
+    lines: list[str] = []
+    for item in order:
+        lines += [item] if isinstance(item, str) else _union_lines(where, list(item), unions[item])
     return "\n".join(dict.fromkeys(lines))
+
+
+def _plain_message(err: Mapping[str, Any], loc: list[str | int]) -> str:
+    if err["type"] == "missing":
+        return str(err["msg"])
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+        parent = _MODEL_FOR.get(_parent_kind(loc))
+        return msg + (f"; allowed: {', '.join(parent.model_fields)}" if parent is not None else "")
+    ann = _annotation_at(loc)
+    choice = get_origin(_base(ann)) is Literal or type(None) in get_args(ann)  # constrained or nullable
+    if choice and err["type"].endswith(("_type", "_parsing", "literal_error")):
+        return f"got {_short(err.get('input'))}; allowed: {_forms(ann)}"
+    return f"{err['msg']}, got {_short(err.get('input'))}"
+
+
+def _union_lines(
+    where: str, field: list[str | int], errs: list[tuple[dict[str, Any], str, list[str | int]]]
+) -> list[str]:
+    top = [e for e, _, rest in errs if not rest]
+    value = (top or [errs[0][0]])[0].get("input")
+    picked = [(e, rest) for e, tag, rest in errs if _arm_takes(tag, value)]
+    if picked and all(rest for _, rest in picked):  # the value's type picked an arm: that arm's own errors
+        return [f"{where}: {_fmt_path(field + r)}: {_plain_message(e, field + r)}" for e, r in picked]
+    reason = ""
+    if picked and not picked[0][0]["type"].endswith(("_type", "_parsing", "literal_error")):
+        reason = f"{picked[0][0]['msg']}, "  # e.g. an integer out of bounds
+    forms = _forms(_annotation_at(field))
+    return [f"{where}: {_fmt_path(field)}: {reason}got {_short(value)}; allowed: {forms}"]
+
+
+def _split_union(loc: list[str | int]) -> tuple[list[str | int], str | None, list[str | int]]:
+    """``loc`` as (the union field's path, the arm's tag, the path inside the arm); (loc, None, []) when no
+    union field is on the path."""
+    for i in range(1, len(loc)):
+        part = loc[i]
+        if isinstance(part, str) and part in _UNION_TAGS and _is_union(_annotation_at(loc[:i])):
+            return loc[:i], part, [p for p in loc[i + 1 :] if not (isinstance(p, str) and p in _UNION_TAGS)]
+    return loc, None, []
+
+
+def _arms(ann: Any) -> tuple[Any, ...]:
+    """The arms of a union annotation (None left out), or ``(ann,)``."""
+    if get_origin(ann) in (Union, types.UnionType):
+        return tuple(a for a in get_args(ann) if a is not type(None))
+    return (ann,)
+
+
+def _is_union(ann: Any) -> bool:
+    return len(_arms(ann)) > 1
+
+
+def _base(ann: Any) -> Any:
+    return get_args(ann)[0] if get_origin(ann) is Annotated else ann
+
+
+def _annotation_at(loc: Iterable[str | int]) -> Any:
+    """The annotation of the spec field at ``loc`` (union tags left out), or None."""
+    ann: Any = GraphSpec
+    for part in loc:
+        for arm in map(_base, _arms(ann)):
+            if isinstance(arm, type) and issubclass(arm, BaseModel) and part in arm.model_fields:
+                ann = arm.model_fields[part].annotation
+                break
+            if get_origin(arm) is dict and isinstance(part, str):
+                ann = get_args(arm)[1]
+                break
+            if get_origin(arm) is list and isinstance(part, int):
+                ann = get_args(arm)[0]
+                break
+        else:
+            return None
+    return ann
+
+
+def _arm_takes(tag: str, value: Any) -> bool:
+    """Whether the union arm ``tag`` is the one a value of this Python type was meant for."""
+    if isinstance(value, bool):
+        return tag == "bool"
+    if isinstance(value, (int, _HugeInteger)):
+        return tag in ("int", "constrained-int")
+    if isinstance(value, float):
+        return tag == "float"
+    if isinstance(value, str):
+        return tag == "str" or tag.startswith("literal[")
+    if isinstance(value, list):
+        return tag.startswith("list[")
+    if isinstance(value, Mapping):
+        return tag in _MODEL_FOR_TAG
+    return False
+
+
+def _forms(ann: Any) -> str:
+    """The forms an annotation allows, in words."""
+    arms = _arms(ann)
+    nullable = get_origin(ann) in (Union, types.UnionType) and type(None) in get_args(ann)
+    has_int = any(_base(a) is int for a in arms)
+    words = [_form(a, has_int) for a in arms] + (["null"] if nullable else [])
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _form(arm: Any, expression: bool) -> str:
+    base = _base(arm)
+    if get_origin(base) is Literal:
+        choices = list(map(repr, get_args(base)))
+        return choices[0] if len(choices) == 1 else f"one of {', '.join(choices)}"
+    if base is bool:
+        return "true or false"
+    if base is int:
+        bounded = get_origin(arm) is Annotated and len(get_args(arm)) > 2  # BoundedInt
+        return "an integer within ±(2**63 - 1)" if bounded else "an integer"
+    if base is float:
+        return "a number"
+    if base is str:
+        return "an expression over constants (a string)" if expression else "a string"
+    if get_origin(base) is list:
+        return f"a list (each {_forms(get_args(base)[0])})"
+    if isinstance(base, type) and issubclass(base, BaseModel):
+        return f"a mapping with keys {', '.join(base.model_fields)}"
+    return str(base)
 
 
 _UNION_TAGS = frozenset(
@@ -353,6 +479,8 @@ def _parent_kind(loc: list[str | int]) -> str:
         return "sizes"
     return str(head[0]) if len(head) == 1 else ""
 
+
+_MODEL_FOR_TAG = frozenset(("SizeRange",))  # union arms that are models (a mapping picks them)
 
 _MODEL_FOR: dict[str, type[BaseModel]] = {
     "spec": GraphSpec,

@@ -118,12 +118,12 @@ CASES: list[Bad] = [
     # Bytes that are not UTF-8: a SpecError naming the file, not a UnicodeDecodeError.
     S("yaml-not-utf8", "UTF-8", b"version: 1\nname: \xff\xfe\n"),
     # ---------------------------------------------------------------------------------- spec: wrong types
-    S("dtype-unknown", f"{_SL}.dtype: Input should be 'bool'", {f"{_SL}.dtype": "int33"}),
-    S("version-2", "version: Input should be 1, got 2", {"version": 2}),
-    S("sizes-a-string", "capture.sizes: Input should be a valid list", {"capture.sizes": "many"}),
+    S("dtype-unknown", f"{_SL}.dtype: got 'int33'; allowed: one of 'bool'", {f"{_SL}.dtype": "int33"}),
+    S("version-2", "version: got 2; allowed: 1", {"version": 2}),
+    S("sizes-a-string", "capture.sizes: got 'many'; allowed: a mapping with keys start, stop, step or a list", {"capture.sizes": "many"}),
     S("per-group-not-bool", f"{_SL}.per_group: Input should be a valid boolean", {f"{_SL}.per_group": "maybe"}),
-    S("overflow-unknown-policy", f"{_SL}.overflow: Input should be 'reject' or 'truncate', got 'wrap'", {f"{_SL}.overflow": "wrap"}),
-    S("constant-a-list", "constants.block_size: Input should be a valid integer", {"constants.block_size": [16]}),
+    S("overflow-unknown-policy", f"{_SL}.overflow: got 'wrap'; allowed: one of 'reject', 'truncate'", {f"{_SL}.overflow": "wrap"}),
+    S("constant-a-list", "constants.block_size: got [16]; allowed: an integer within ±(2**63 - 1), an expression", {"constants.block_size": [16]}),
     # A YAML boolean is not an integer: `true` must not be read as 1.
     S("constant-a-bool", "constants.max_model_len", {"constants.max_model_len": True}),
     # ---------------------------------------------------------------------------------- spec: unknown keys
@@ -173,12 +173,12 @@ CASES: list[Bad] = [
     S("constant-beyond-int64", "constants.max_model_len: Input should be less than or equal to 9223372036854775807",
       {"constants.max_model_len": 10**30}),
     # ---------------------------------------------------------------------------------- CLI arguments
-    C("cli-missing-file", SpecError, "absent.yaml: no such spec file", 2, "check {dir}/absent.yaml"),
-    C("cli-spec-a-directory", SpecError, "is a directory; a spec is a YAML file", 2, "check {dir}"),
+    C("cli-missing-file", UsageError, "absent.yaml: no such spec file", 2, "check {dir}/absent.yaml"),
+    C("cli-spec-a-directory", UsageError, "is a directory; a spec is a YAML file", 2, "check {dir}"),
     C("cli-set-huge", SpecError, "is not an integer (at most 19 digits)", 2, "check {spec} --set num_blocks=" + "9" * 30),
     C("cli-sizes-no-envelope", SpecError, "capture.max_requests: not declared", 2, "sizes {spec}"),
-    C("cli-sizes-bad-waste", SpecError, "--max-waste 150.0: must be in [0, 100)", 2, "sizes gemma4-31b-it-mtp --max-waste 150"),
-    C("cli-unknown-spec-name", SpecError, "no-such-spec: no such spec file and no shipped spec", 2, "plan no-such-spec"),
+    C("cli-sizes-bad-waste", UsageError, "--max-waste 150: must be a percentage in [0, 100)", 2, "sizes gemma4-31b-it-mtp --max-waste 150"),
+    C("cli-unknown-spec-name", UsageError, "no-such-spec: no such spec file and no shipped spec", 2, "plan no-such-spec"),
     C("cli-set-without-equals", SpecError, "--set 'num_blocks': expected NAME=VALUE", 2, "check {spec} --set num_blocks"),
     C("cli-set-empty-name", SpecError, "--set '=3': expected NAME=VALUE", 2, "plan {spec} --set =3"),
     C("cli-set-not-integer", SpecError, "--set 'num_blocks=lots': 'lots' is not an integer", 2, "plan {spec} --set num_blocks=lots"),

@@ -46,5 +46,5 @@ def test_spec_path_over_the_os_name_limit_is_a_spec_error() -> None:
 def test_cli_spec_path_over_the_os_name_limit_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "a" * 300 + ".yaml"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("graphbuf: spec error:")
+    assert err.startswith("graphbuf: usage error:")  # SPEC names no usable file: the README's usage error
     assert "File name too long" in err and "Traceback" not in err
