@@ -27,17 +27,23 @@ into one host arena (element indices, then values), uploaded in one non-blocking
 one indexed write per element size (1, 2, 4 or 8 bytes), not one per buffer. The ``depth`` arenas take
 turns behind an event, as the staging copies of a full refresh do.
 
-Two host states, one behaviour. With the native kernel (``graphbuf/buffers/_staged.c``,
-:data:`graphbuf.buffers.native.STAGED`) a host state, its changed cells and its write methods live in C:
-a write whose arguments are already plain (int rows and columns inside the allocation; values a contiguous
-1-D array of the buffer's element type, or a list of ints that fit it) runs without a Python frame; any
-other goes through the same Python checks (:class:`_Checks`) first. On a cpu slab written in place the
-whole commit is one native call made before the refresh writes its full sources: every staged check, then
-every staged write (it steps aside, writing nothing, when a value fails, so that the Python commit names
-the error, or when a full source lies inside the slab, where the staged writes would change it after its
-check). Without the kernel (no C compiler, ``GRAPHBUF_NATIVE=0``) the Python host state does the same in
-numpy. Both write the same bytes and raise the same errors (``tests/unit/buffers/test_staged_native.py``,
-and the state machine of ``test_staged_state_machine.py`` on both).
+Two host states, one behaviour. The host state's kind is chosen once, when the buffers are built: with the
+native kernel (``graphbuf/buffers/_staged.c``, :data:`graphbuf.buffers.native.STAGED`) a host state, its
+changed cells and its writes live in C: a write whose arguments are already plain (int rows and columns
+inside the allocation; values an exact ``numpy.ndarray``, contiguous, 1-D, of the buffer's element type, or
+a list of ints that fit it) runs without a Python check; any other goes through the same Python checks
+(:class:`_Checks`) first. On a cpu slab written in place the whole commit is one native call made before
+the refresh writes its full sources: every staged check, then every staged write (it steps aside, writing
+nothing, when a value fails, so that the Python commit names the error, or when a full source lies inside
+the slab, where the staged writes would change it after its check). Without the kernel (no C compiler,
+``GRAPHBUF_NATIVE=0``) the Python host state (:class:`_PyMirror`) does the same in numpy. Both write the
+same bytes and raise the same errors (``tests/unit/buffers/test_staged_native.py``, the state machine of
+``test_staged_state_machine.py`` and the differential fuzzer ``tests/integration/fuzz_staged.py``).
+
+Ownership. A write copies its indices and values at the call (the C scatter before its check), checks the
+copy and writes it: a caller that reuses or changes its arrays afterwards, or passes views of the host
+state itself, changes nothing it did not ask for. :attr:`StagedBuffer.host` and
+:attr:`StagedBuffer.lengths` are views that cannot be made writable.
 
 Limits: buffers padded ``repeat_last``, ``bfloat16`` buffers and buffers whose width differs between
 capture sizes take full refreshes only (:meth:`StagingArea.buffer` says so).
