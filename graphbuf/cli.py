@@ -22,7 +22,7 @@ from typing import Any
 
 from graphbuf.errors import DeviceUnavailableError, GraphbufError, SpecError, UsageError
 from graphbuf.planning.coverage import Coverage, spec_coverage
-from graphbuf.planning.planner import Plan, plan
+from graphbuf.planning.planner import Plan, WorkspacePlan, plan
 from graphbuf.spec.factories import RouteCost
 from graphbuf.spec.models import MAX_CAPTURE_SIZES, GraphSpec, load_spec, resolve_spec_path
 
@@ -139,9 +139,10 @@ def render_plan(p: Plan, context: int | None = None) -> str:
     if p.workspaces:
         lines += [
             "",
-            "task workspaces per capture size (materialized by the task, not allocated by graphbuf):",
+            "task workspaces per capture size (materialized by the task, not allocated by graphbuf; "
+            "(not selected): a route the task's options do not select):",
             _table(
-                ("size", *(w.name for w in p.workspaces)),
+                ("size", *(_workspace_header(p, w) for w in p.workspaces)),
                 [(s, *(_human(p.workspace_bytes(w, s)) for w in p.workspaces)) for s in p.capture_sizes],
             ),
         ]
@@ -161,7 +162,7 @@ def render_plan(p: Plan, context: int | None = None) -> str:
     lines += [
         "",
         "memory per capture size (buffer rows the graph reads; host staging copies of the slab a refresh "
-        "uploads from; task workspaces):",
+        "uploads from; task workspaces of the selected routes):",
         _table(
             ("size", "requests", "buffers", "staging", "workspaces"),
             [
@@ -179,7 +180,17 @@ def render_plan(p: Plan, context: int | None = None) -> str:
         f"{_human(totals['staging_bytes'])}; task workspaces {_human(totals['workspace_peak_bytes'])} peak "
         f"(graphs sharing one memory pool), {_human(totals['workspace_sum_bytes'])} summed over sizes",
     ]
+    unselected = [w.name for w in p.workspaces if not p.workspace_selected(w)]
+    if unselected:
+        lines.append(
+            f"not counted (routes the task options do not select): {', '.join(unselected)}, "
+            f"{_human(totals['unselected_workspace_peak_bytes'])} peak"
+        )
     return "\n".join(lines)
+
+
+def _workspace_header(p: Plan, w: WorkspacePlan) -> str:
+    return w.name if p.workspace_selected(w) else f"{w.name} (not selected)"
 
 
 def _route_row(size: int, task: str, c: RouteCost) -> tuple[object, ...]:

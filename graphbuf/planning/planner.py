@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from graphbuf.errors import PlanTooLargeError
+from graphbuf.errors import PlanTooLargeError, SpecError
 from graphbuf.spec.expr import Expr, parse_expr
 from graphbuf.spec.models import ITEMSIZE, GraphSpec, capture_sizes_of, check_spec, load_spec
 
@@ -90,6 +90,8 @@ class WorkspacePlan:
     itemsize: int
     shape: tuple[Expr, ...]
     description: str = ""
+    #: ``(task, mode)`` of the route that materializes it; None: every route needs it.
+    route: tuple[str, str] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -100,13 +102,15 @@ class WorkspacePlan:
 @dataclass(frozen=True)
 class SizeMemory:
     """Memory at one capture size: the buffer rows the graph reads (views into the slab), the host staging
-    copies a refresh fills (the slab's size, shared by every capture size) and the task workspaces."""
+    copies a refresh fills (the slab's size, shared by every capture size) and the task workspaces of the
+    routes the task options select (``unselected_workspace_bytes``: those of the other routes, apart)."""
 
     tokens: int
     requests: int
     buffer_bytes: int
     staging_bytes: int
     workspace_bytes: int
+    unselected_workspace_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -209,8 +213,18 @@ class Plan:
             out += [(task.name, cost) for cost in decl.costs(options, env, context)]
         return out
 
+    def workspace_selected(self, ws: WorkspacePlan) -> bool:
+        """Whether the task options select the route ``ws`` belongs to (True for a workspace of every route,
+        and for a route whose task declares no costs: counted, not guessed away)."""
+        if ws.route is None:
+            return True
+        task, mode = ws.route
+        costs = [c for name, c in self.route_costs(self.capture_sizes[0]) if name == task]
+        return not costs or any(c.mode == mode and c.selected for c in costs)
+
     def memory_at(self, tokens: int) -> SizeMemory:
         """The memory a graph captured at ``tokens`` uses (see :class:`SizeMemory`)."""
+        selected = {w.name: self.workspace_selected(w) for w in self.workspaces}
         buffer_bytes = 0
         for b in self.buffers:
             n = b.itemsize
@@ -222,19 +236,24 @@ class Plan:
             requests=tokens // self.tokens_per_request,
             buffer_bytes=buffer_bytes,
             staging_bytes=STAGING_COPIES * self.total_bytes,
-            workspace_bytes=sum(self.workspace_bytes(w, tokens) for w in self.workspaces),
+            workspace_bytes=sum(self.workspace_bytes(w, tokens) for w in self.workspaces if selected[w.name]),
+            unselected_workspace_bytes=sum(
+                self.workspace_bytes(w, tokens) for w in self.workspaces if not selected[w.name]
+            ),
         )
 
     def memory_totals(self) -> dict[str, int]:
         """Whole-plan memory: the device slab (one, shared by every size), the host staging copies, and the
-        task workspaces: the peak over sizes (graphs share one memory pool, as engines capture them) and the
-        sum (a pool per graph)."""
+        task workspaces of the selected routes: the peak over sizes (graphs share one memory pool, as engines
+        capture them) and the sum (a pool per graph); the workspaces of routes the options do not select,
+        apart (their peak)."""
         per = [self.memory_at(s) for s in self.capture_sizes]
         return {
             "slab_bytes": self.total_bytes,
             "staging_bytes": STAGING_COPIES * self.total_bytes,
             "workspace_peak_bytes": max((m.workspace_bytes for m in per), default=0),
             "workspace_sum_bytes": sum(m.workspace_bytes for m in per),
+            "unselected_workspace_peak_bytes": max((m.unselected_workspace_bytes for m in per), default=0),
         }
 
     def to_dict(self, context: int | None = None) -> dict[str, Any]:
@@ -265,6 +284,7 @@ class Plan:
                     "requests": s // self.tokens_per_request,
                     "rows": {b.name: self.shape_at(b, s)[0] for b in self.buffers},
                     "workspace_bytes": {w.name: self.workspace_bytes(w, s) for w in self.workspaces},
+                    "workspaces_selected": {w.name: self.workspace_selected(w) for w in self.workspaces},
                     "memory": _memory_dict(self.memory_at(s)),
                     "routes": [{"task": name, **asdict(cost)} for name, cost in self.route_costs(s, context)],
                 }
@@ -275,7 +295,12 @@ class Plan:
 
 
 def _memory_dict(m: SizeMemory) -> dict[str, int]:
-    return {"buffers": m.buffer_bytes, "staging": m.staging_bytes, "workspaces": m.workspace_bytes}
+    return {
+        "buffers": m.buffer_bytes,
+        "staging": m.staging_bytes,
+        "workspaces": m.workspace_bytes,
+        "unselected_workspaces": m.unselected_workspace_bytes,
+    }
 
 
 def json_number(value: int | float | str) -> int | float | str:
@@ -325,8 +350,9 @@ def plan(
     workspaces = []
     for name, w in spec.workspaces.items():
         shape_exprs = tuple(parse_expr(d) for d in w.shape)
-        workspaces.append(WorkspacePlan(name, w.dtype, ITEMSIZE[w.dtype], shape_exprs, w.description))
-    return Plan(
+        route = tuple(w.route.split(".", 1)) if w.route is not None else None
+        workspaces.append(WorkspacePlan(name, w.dtype, ITEMSIZE[w.dtype], shape_exprs, w.description, route))
+    p = Plan(
         spec=spec,
         constants=MappingProxyType(constants),
         tokens_per_request=tpr,
@@ -337,6 +363,22 @@ def plan(
         max_bytes=limit,
         _by_name=MappingProxyType({b.name: b for b in buffers}),
     )
+    _check_workspace_routes(p, where)
+    return p
+
+
+def _check_workspace_routes(p: Plan, where: str) -> None:
+    """A workspace's ``route`` names a mode its task's cost hook lists (a task without one: unchecked)."""
+    routed = [w for w in p.workspaces if w.route is not None]
+    costs = p.route_costs(p.capture_sizes[0]) if routed else []
+    for w in routed:
+        task, mode = w.route  # type: ignore[misc]
+        modes = sorted({c.mode for name, c in costs if name == task})
+        if modes and mode not in modes:
+            raise SpecError(
+                f"{where}: workspaces.{w.name}.route: task {task!r} has no mode {mode!r}; its modes: "
+                f"{', '.join(modes)}"
+            )
 
 
 def _entries(spec: GraphSpec) -> list[tuple[str, str, str | None]]:

@@ -415,3 +415,33 @@ def test_plan_says_one_token_per_request(
     assert code == 0, err
     assert "1 token per request" in out.splitlines()[0] and "1 tokens" not in out
     assert "4 tokens per request" in _run(capsys, "plan", GEMMA)[1].splitlines()[0]
+
+
+def test_plan_totals_count_only_the_routes_the_options_select(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue 33 §3: the workspace of a route the task options do not select is shown apart, not summed."""
+    shipped = (REPO / "specs" / f"{GEMMA}.yaml").read_text(encoding="utf-8")
+    blockwise, dense = 2 * 16 * 2 * 2 * 128 * 512 * 2, 2 * 16 * 2 * 43 * 128 * 512 * 2  # at size 64
+    for mode, counted, apart in (("blockwise", blockwise, dense), ("dense", dense, blockwise)):
+        path = tmp_path / f"{mode}.yaml"
+        path.write_text(shipped.replace("verify_mode: blockwise", f"verify_mode: {mode}"), encoding="utf-8")
+        code, out, err = _run(capsys, "plan", str(path), "--json")
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["sizes"]["64"]["memory"]["workspaces"] == counted
+        assert data["memory_totals"]["workspace_peak_bytes"] == counted
+        assert data["memory_totals"]["unselected_workspace_peak_bytes"] == apart
+        other = "verify_kv_dense" if mode == "blockwise" else "verify_kv_blockwise"
+        assert data["sizes"]["64"]["workspaces_selected"] == {other: False, f"verify_kv_{mode}": True}
+        text = _run(capsys, "plan", str(path))[1]
+        assert f"not counted (routes the task options do not select): {other}, " in text
+    bad_routes = (
+        ("verify.sparse", "task 'verify' has no mode 'sparse'; its modes: blockwise, dense"),
+        ("nope.dense", "workspaces.verify_kv_dense.route: expected '<task>.<mode>'"),
+    )
+    for route, fragment in bad_routes:
+        path = tmp_path / "bad.yaml"
+        path.write_text(shipped.replace("route: verify.dense", f"route: {route}"), encoding="utf-8")
+        code, _, err = _run(capsys, "plan", str(path))
+        assert code == 2 and err.startswith("graphbuf: spec error:") and fragment in err, err

@@ -112,12 +112,18 @@ def test_plan_reports_memory_per_capture_size_and_totals(capsys: pytest.CaptureF
     bt = 16 * 43 * 4
     assert m.buffer_bytes == 2 * bt + 16 * 4 + 17 * 4 + 2 * 64 * 8
     assert m.staging_bytes == 2 * p.total_bytes
-    assert m.workspace_bytes == 2 * 16 * 2 * 43 * 128 * 512 * 2 + 2 * 16 * 2 * 2 * 128 * 512 * 2
+    # issue 33 §3: only the route the task options select (blockwise verify) counts; dense is shown apart
+    assert m.workspace_bytes == 2 * 16 * 2 * 2 * 128 * 512 * 2
+    assert m.unselected_workspace_bytes == 2 * 16 * 2 * 43 * 128 * 512 * 2
     totals = p.memory_totals()
     assert totals["workspace_peak_bytes"] == m.workspace_bytes
     assert totals["workspace_sum_bytes"] == sum(p.memory_at(s).workspace_bytes for s in p.capture_sizes)
+    assert totals["unselected_workspace_peak_bytes"] == m.unselected_workspace_bytes
     code, out, _ = _run(capsys, "plan", GEMMA)
     assert code == 0 and "memory per capture size" in out and "totals: device slab 8.0 KiB" in out
+    assert "task workspaces 16.0 MiB peak (graphs sharing one memory pool), 136.0 MiB summed" in out
+    assert "not counted (routes the task options do not select): verify_kv_dense, 344.0 MiB peak" in out
+    assert "verify_kv_dense (not selected)" in out and "verify_kv_blockwise (not selected)" not in out
     _code, out, _ = _run(capsys, "plan", GEMMA, "--json")
     data = json.loads(out)
     assert data["sizes"]["64"]["memory"]["workspaces"] == m.workspace_bytes
