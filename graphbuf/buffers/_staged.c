@@ -16,16 +16,16 @@
  *     elsewhere calls checks._busy(op). Scatter copies its plain indices and values before it checks them:
  *     what it writes is what it checked, even when they view the host state.
  *
- * commit(cores, n, rows_of, cols_of, targets, sources, slab_lo, slab_hi) -> moved bytes | False | None
- *     A refresh's staged commit of n live requests, in place, before the refresh writes its full sources
- *     (sources: their Prepared tuples, already checked). First every check: the cells a commit reads
- *     (changed cells of live rows, rows entering the live range) against lo..hi (and NaN). Then every
- *     write: those cells from each host state into its target (the buffer's flat view, one per core), the
- *     rows leaving the live range to the pad; the marks in rows_of/cols_of (by slot index) updated, the
- *     changes forgotten; the bytes written returned. Nothing is written when it returns False (a value
- *     fails: the caller's path names the error) or None (it cannot say: no table, a bound or kind it does
- *     not check, or a host source lies inside [slab_lo, slab_hi), where the staged writes would change it
- *     before the refresh writes it).
+ * commit(cores, n, rows_of, cols_of, targets, write) -> True | False | None | moved bytes
+ *     A refresh's staged commit of n live requests, in place, in two calls, as the Python commit: write
+ *     False before the refresh writes anything checks the cells a commit reads (changed cells of live rows,
+ *     rows entering the live range) against lo..hi (and NaN): True when all pass, False when a value fails
+ *     (the Python commit then names it), None when it cannot say (no table, a bound or kind it does not
+ *     check; the Python commit then runs). write True, after the refresh wrote its full sources, writes
+ *     those cells from each host state into its target (the buffer's flat view, one per core) and the rows
+ *     leaving the live range to the pad, updates the marks in rows_of/cols_of (by slot index), forgets the
+ *     changes and returns the bytes written. Staged buffers are never full sources of the same refresh, so
+ *     writing them last cannot change a source before its own write.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -844,55 +844,21 @@ static int get_mark(PyObject *list, Py_ssize_t i, Py_ssize_t *out) {
 
 static PyTypeObject StagedType;
 
-/* 1: some host source (item[1] of a Prepared tuple) may share bytes with [lo, hi); 0: none; -1: cannot say. */
-static int sources_alias(PyObject *sources, uintptr_t lo, uintptr_t hi) {
-    Py_ssize_t k = PyList_GET_SIZE(sources);
-    for (Py_ssize_t i = 0; i < k; i++) {
-        PyObject *item = PyList_GET_ITEM(sources, i);
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 2) return -1;
-        PyObject *host = PyTuple_GET_ITEM(item, 1);
-        if (host == Py_None) continue;
-        Py_buffer b;
-        if (PyObject_GetBuffer(host, &b, PyBUF_RECORDS_RO) < 0) {
-            PyErr_Clear();
-            return -1;
-        }
-        intptr_t a = 0, z = b.itemsize; /* the byte extent, from the first element */
-        int empty = 0;
-        for (int d = 0; d < b.ndim; d++) {
-            if (b.shape[d] == 0) empty = 1;
-            intptr_t step = (intptr_t)(b.strides ? b.strides[d] : 0) * (intptr_t)(b.shape[d] - 1);
-            if (step < 0) a += step;
-            else z += step;
-        }
-        uintptr_t s0 = (uintptr_t)b.buf + (uintptr_t)a, s1 = (uintptr_t)b.buf + (uintptr_t)z;
-        PyBuffer_Release(&b);
-        if (!empty && s0 < hi && lo < s1) return 1;
-    }
-    return 0;
-}
-
 static PyObject *gb_commit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError,
-                        "commit(cores, n, rows_of, cols_of, targets, sources, slab_lo, slab_hi) takes 8 arguments");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "commit(cores, n, rows_of, cols_of, targets, write) takes 6 arguments");
         return NULL;
     }
-    PyObject *cores = args[0], *rows_of = args[2], *cols_of = args[3], *targets = args[4], *sources = args[5];
+    PyObject *cores = args[0], *rows_of = args[2], *cols_of = args[3], *targets = args[4];
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    uintptr_t slab_lo = (uintptr_t)PyLong_AsUnsignedLongLong(args[6]);
-    if (PyErr_Occurred()) return NULL;
-    uintptr_t slab_hi = (uintptr_t)PyLong_AsUnsignedLongLong(args[7]);
-    if (PyErr_Occurred()) return NULL;
+    int write = PyObject_IsTrue(args[5]);
+    if (write < 0) return NULL;
     if (!PyList_CheckExact(cores) || n < 0 || !PyList_Check(rows_of) || !PyList_Check(cols_of) ||
-        !PyList_CheckExact(targets) || PyList_GET_SIZE(targets) != PyList_GET_SIZE(cores) ||
-        !PyList_Check(sources)) {
-        PyErr_SetString(PyExc_TypeError, "commit: cores, targets (as many) and sources lists, n >= 0, marks lists");
+        !PyList_CheckExact(targets) || PyList_GET_SIZE(targets) != PyList_GET_SIZE(cores)) {
+        PyErr_SetString(PyExc_TypeError, "commit: cores and targets (as many) lists, n >= 0, marks lists");
         return NULL;
     }
-    /* A source inside the slab would change under the staged writes before its own write reads it. */
-    if (sources_alias(sources, slab_lo, slab_hi) != 0) Py_RETURN_NONE;
     Py_ssize_t count = PyList_GET_SIZE(cores);
     Job stack[16], *jobs = count <= 16 ? stack : PyMem_Malloc((size_t)count * sizeof(Job));
     Py_buffer tb[16], *tbs = count <= 16 ? tb : PyMem_Malloc((size_t)count * sizeof(Py_buffer));
@@ -925,6 +891,10 @@ static PyObject *gb_commit(PyObject *self, PyObject *const *args, Py_ssize_t nar
             goto done;
         }
         if (!(s->nruns || s->ncells) && j->live == j->shown) continue;
+        if (!write) {
+            nj++;
+            continue;
+        }
         if (PyObject_GetBuffer(PyList_GET_ITEM(targets, i), &tbs[nj], PyBUF_RECORDS) < 0) goto done;
         held++;
         Py_buffer *b = &tbs[nj];
@@ -935,12 +905,16 @@ static PyObject *gb_commit(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         nj++;
     }
-    for (Py_ssize_t k = 0; k < nj; k++) { /* every check before any write */
-        int ok = visit(&jobs[k], NULL, NULL);
-        if (ok != 1) {
-            result = ok == 0 ? Py_NewRef(Py_False) : Py_NewRef(Py_None);
-            goto done;
+    if (!write) { /* every check; nothing written */
+        for (Py_ssize_t k = 0; k < nj; k++) {
+            int ok = visit(&jobs[k], NULL, NULL);
+            if (ok != 1) {
+                result = ok == 0 ? Py_NewRef(Py_False) : Py_NewRef(Py_None);
+                goto done;
+            }
         }
+        result = Py_NewRef(Py_True);
+        goto done;
     }
     int64_t moved = 0;
     for (Py_ssize_t k = 0; k < nj; k++) {
@@ -1129,7 +1103,7 @@ static PyTypeObject StagedType = {
 };
 
 static PyMethodDef methods[] = {
-    {"commit", CF(gb_commit), METH_FASTCALL, "Check or write the staged cells of a refresh."},
+    {"commit", CF(gb_commit), METH_FASTCALL, "Check (write False) or write (True) the staged cells of a refresh."},
     {NULL, NULL, 0, NULL},
 };
 

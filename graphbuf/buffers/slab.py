@@ -206,10 +206,9 @@ class StaticBuffers:
         if not staging.names:
             self._commit.write(prepared, size)
             return live
-        moved = staging.commit_native(prepared, live)  # checked and written, or nothing written
-        if moved is not None:
+        if staging.check_native(prepared, live):  # every staged value checked in C
             self._commit.write(prepared, size)  # never raises: the sources were checked
-            self._commit.count(moved)
+            staging.write_native(live)
             return live
         staged = staging.prepare(prepared, size, live, label)
         self._commit.write(prepared, size)

@@ -32,13 +32,14 @@ native kernel (``graphbuf/buffers/_staged.c``, :data:`graphbuf.buffers.native.ST
 changed cells and its writes live in C: a write whose arguments are already plain (int rows and columns
 inside the allocation; values an exact ``numpy.ndarray``, contiguous, 1-D, of the buffer's element type, or
 a list of ints that fit it) runs without a Python check; any other goes through the same Python checks
-(:class:`_Checks`) first. On a cpu slab written in place the whole commit is one native call made before
-the refresh writes its full sources: every staged check, then every staged write (it steps aside, writing
-nothing, when a value fails, so that the Python commit names the error, or when a full source lies inside
-the slab, where the staged writes would change it after its check). Without the kernel (no C compiler,
-``GRAPHBUF_NATIVE=0``) the Python host state (:class:`_PyMirror`) does the same in numpy. Both write the
-same bytes and raise the same errors (``tests/unit/buffers/test_staged_native.py``, the state machine of
-``test_staged_state_machine.py`` and the differential fuzzer ``tests/integration/fuzz_staged.py``).
+(:class:`_Checks`) first. On a cpu slab written in place the commit is two native calls, in the
+Python commit's order: every staged check before the refresh writes anything (a value that fails sends the
+refresh to the Python commit, which names it), every staged write after its full sources (a staged buffer
+is never a full source of the same refresh, so no source changes between its check and its write).
+Without the kernel (no C compiler, ``GRAPHBUF_NATIVE=0``) the Python host state (:class:`_PyMirror`) does
+the same in numpy. Both write the same bytes and raise the same errors (``test_staged_native.py``, the
+state machine of ``test_staged_state_machine.py`` and the differential fuzzer
+``tests/integration/fuzz_staged.py``).
 
 Ownership. A write copies its indices and values at the call (the C scatter before its check), checks the
 copy and writes it: a caller that reuses or changes its arrays afterwards, or passes views of the host
@@ -535,7 +536,6 @@ class StagingArea:
         self._core_targets: list[np.ndarray] = []
         self._native: ModuleType | None = None
         self._kernel = native.STAGED  # the host state's kind, chosen once, with the buffers
-        self._slab_range = (slab.data_ptr(), slab.data_ptr() + slab.numel())
 
     def buffer(self, name: Any) -> StagedBuffer:
         """The staged-write handle of buffer ``name`` (made on first use: its host state then takes the
@@ -598,21 +598,28 @@ class StagingArea:
             out[name] = c.host[:live].copy()
         return out
 
-    def commit_native(self, prepared: list[Prepared], n: int) -> int | None:
-        """The whole staged commit of ``n`` requests in one native call, made *before* the refresh writes
-        ``prepared`` (its full sources, all checked): every staged check, then every staged write in
-        place; the bytes written, or None with nothing written (no native commit here, a buffer given whole
-        is staged, a value fails or a source lies in the slab): then :meth:`prepare` and :meth:`apply`."""
+    def check_native(self, prepared: list[Prepared], n: int) -> bool:
+        """The staged commit of ``n`` requests checked in one native call, writing nothing: True when every
+        staged value passes and :meth:`write_native` commits them after the refresh wrote ``prepared`` (its
+        full sources); False (no native commit here, a buffer given whole is staged, a value fails, or the
+        kernel cannot say): then :meth:`prepare` and :meth:`apply`, which name any error."""
         kernel = self._native
         if kernel is None:
-            return None
+            return False
         mirrors = self._mirrors
         for p in prepared:
             if p.slot.name in mirrors:
-                return None
+                return False
         rows, cols = self._commit.marks
-        moved = kernel.commit(self._cores, n, rows, cols, self._core_targets, prepared, *self._slab_range)
-        return moved if type(moved) is int else None
+        return kernel.commit(self._cores, n, rows, cols, self._core_targets, False) is True
+
+    def write_native(self, n: int) -> None:
+        """Write the staged cells :meth:`check_native` passed, in place (after the full sources: a staged
+        buffer is never a full source of the same refresh); adds the bytes to the refresh's stats."""
+        rows, cols = self._commit.marks
+        moved = self._native.commit(self._cores, n, rows, cols, self._core_targets, True)  # type: ignore[union-attr]
+        if moved:
+            self._commit.count(moved)
 
     def prepare(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_Plan]:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;

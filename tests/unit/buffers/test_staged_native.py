@@ -190,8 +190,8 @@ def test_a_source_inside_the_slab_is_written_as_it_was_checked(
     monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     """A full source that is a view of a staged buffer's memory in the slab: the staged writes of the same
-    refresh must not change it between its check and its write (the native commit, which writes first,
-    steps aside for it)."""
+    refresh must not change it between its check and its write (both commits write the staged cells after
+    the full sources)."""
     b = _pair(monkeypatch)[0 if kind == "native" else 1]
     b.stage(BT).set_row(0, [0, 4])
     b.refresh(4, {"query_start_loc": np.array([0, 4], np.int32)}, num_reqs=1)
