@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,10 +21,11 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from graphbuf.drill.progress import Progress
 from graphbuf.drill.session import DrillSession
 from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.runner import Step
-from graphbuf.planning.planner import BufferPlan
+from graphbuf.planning.planner import BufferPlan, json_number
 from graphbuf.spec.models import DTYPES, GraphSpec
 from graphbuf.testing import bounds, sample, sources
 
@@ -36,7 +37,7 @@ class PadVerdict:
     """One buffer's contract: ``required``, ``free``, or ``untested`` (no trial batch left a padded cell)."""
 
     buffer: str
-    pad: str
+    pad: int | float | str  #: the spec's pad, as its type: a number, or "repeat_last"
     verdict: str = "untested"
     max_abs_change: float = 0.0
     trials: int = 0
@@ -46,7 +47,7 @@ class PadVerdict:
         change = self.max_abs_change if math.isfinite(self.max_abs_change) else None
         return {
             "buffer": self.buffer,
-            "pad": self.pad,
+            "pad": json_number(self.pad),
             "verdict": self.verdict,
             "max_abs_change": change,
             "trials": self.trials,
@@ -80,7 +81,7 @@ class PaddingContract:
     def render(self) -> str:
         head = ("buffer", "pad", "contract", "max live change", "trials", "why")
         rows = [
-            (v.buffer, v.pad, v.verdict, f"{v.max_abs_change:.3g}", str(v.trials), v.reason)
+            (v.buffer, str(v.pad), v.verdict, f"{v.max_abs_change:.3g}", str(v.trials), v.reason)
             for v in self.verdicts
         ]
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -171,12 +172,15 @@ def run_padding_contract(
     tolerance: float = 1e-4,
     trials: int = 4,
     allow_factories: Iterable[str] = (),
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> PaddingContract:
     """The padding contract of the spec's tasks (see the module docstring), from ``trials`` batches drawn
-    through :mod:`graphbuf.testing` at capture sizes with room for padded rows."""
+    through :mod:`graphbuf.testing` at capture sizes with room for padded rows. ``progress(phase, done,
+    total)``: called as the graph is captured (``"capture"``) and as trials end (``"contract"``)."""
     session = DrillSession(
-        spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories, capture=False
-    )
+        spec, device=device, seed=seed, overrides=overrides, allow_factories=allow_factories, capture=False,
+        progress=progress,
+    )  # fmt: skip
     p, bufs = session.plan, session.buffers
     size = p.capture_sizes[-1]
     top = max(1, size // p.tokens_per_request - 1)  # leave padded rows
@@ -192,9 +196,11 @@ def run_padding_contract(
     report = PaddingContract(
         session.spec.name, [getattr(t, "name", "?") for t in session.tasks], tolerance, size, replayer.mode
     )
-    verdicts = {b.name: PadVerdict(b.name, str(b.pad)) for b in p.buffers}
+    verdicts = {b.name: PadVerdict(b.name, b.pad) for b in p.buffers}
     rng = np.random.default_rng(seed)
     for trial, (live, srcs) in enumerate(drawn):
+        if progress is not None:
+            progress("contract", trial, len(drawn))
         bufs.refresh(size, srcs, num_reqs=live)
         views = replayer.views
         args = session.host_args(size, live, srcs)
@@ -234,14 +240,21 @@ def run_padding_contract(
                 v.verdict, v.reason = "required", why
             elif v.verdict != "required":
                 v.verdict, v.reason = "free", "live outputs unchanged with junk in its padded cells"
+    if progress is not None:
+        progress("contract", len(drawn), len(drawn))
     report.verdicts = list(verdicts.values())
     return report
 
 
 def run_padding_contract_cli(args: argparse.Namespace, overrides: Mapping[str, int]) -> int:
     """``graphbuf drill SPEC --padding-contract [--json]`` (see :mod:`graphbuf.cli`)."""
-    contract = run_padding_contract(
-        args.spec, device=args.device, seed=args.seed, overrides=overrides, allow_factories=args.allow_factory
-    )
+    progress = Progress()
+    try:
+        contract = run_padding_contract(
+            args.spec, device=args.device, seed=args.seed, overrides=overrides,
+            allow_factories=args.allow_factory, progress=progress,
+        )  # fmt: skip
+    finally:
+        progress.close()
     print(json.dumps(contract.as_dict(), indent=2) if args.json else contract.render())
     return 0

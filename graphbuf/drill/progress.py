@@ -16,12 +16,14 @@ from typing import Any
 
 from graphbuf.errors import UsageError
 
-__all__ = ["DEFAULT_REPLAYS", "REPLAYS_ENV", "Progress", "default_replays"]
+__all__ = ["DEFAULT_REPLAYS", "INTERVAL", "REPLAYS_ENV", "Progress", "default_replays"]
 
 REPLAYS_ENV = "GRAPHBUF_DRILL_REPLAYS"
 """Environment variable: the default of ``graphbuf drill --replays`` (60 when unset)."""
 DEFAULT_REPLAYS = 60
 
+#: Seconds between plain progress lines off a terminal.
+INTERVAL = 5.0
 #: What a phase counts, as the progress line names it (any other phase is named as given).
 UNITS = {"capture": "sizes captured", "replay": "replays", "contract": "padding trials"}
 
@@ -41,10 +43,10 @@ class Progress:
     """``progress(phase, done, total)`` on ``stream`` (default stderr); ``interval``: seconds between plain
     lines off a terminal. Call :meth:`close` when the run ends."""
 
-    def __init__(self, stream: Any = None, interval: float = 5.0) -> None:
+    def __init__(self, stream: Any = None, interval: float | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.interval = interval
+        self.interval = INTERVAL if interval is None else interval
         self.started: dict[str, float] = {}
         self.last = 0.0
         self.width = 0

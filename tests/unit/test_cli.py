@@ -445,3 +445,75 @@ def test_plan_totals_count_only_the_routes_the_options_select(
         path.write_text(shipped.replace("route: verify.dense", f"route: {route}"), encoding="utf-8")
         code, _, err = _run(capsys, "plan", str(path))
         assert code == 2 and err.startswith("graphbuf: spec error:") and fragment in err, err
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Issue 33 §3: what the drill prints is what happened.
+
+PLANTED = REPO / "examples" / "planted" / "planted.yaml"
+ALLOW = ("--allow-factory", "planted_tasks")  # tests/conftest.py puts examples/planted on sys.path
+
+
+def test_drill_replays_0_says_nothing_was_replayed(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "drill", str(PLANTED), *ALLOW, "--replays", "0")
+    assert code == 0, err
+    assert "NOTHING REPLAYED (every size captured; no batch compared)" in out and "PASS" not in out, out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["4"])]
+    assert rows == [["1", "0", "-", "-", "-"], ["4", "0", "-", "-", "-"]], out  # no "yes" unreplayed
+    code, out, _ = _run(capsys, "drill", str(PLANTED), *ALLOW, "--replays", "0", "--json")
+    report = json.loads(out)
+    assert report["compared"] == 0 and all(s["addresses_stable"] is None for s in report["sizes"])
+    assert all(s["max_abs_error"] is None for s in report["sizes"])
+
+
+def test_drill_report_says_whether_writes_were_staged(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cases = (
+        ((), "writes: whole sources (refresh)", "sources"),
+        (("--staged",), "writes: staged (changed cells, StaticBuffers.stage)", "staged"),
+    )
+    for flags, words, key in cases:
+        argv = ("drill", str(PLANTED), *ALLOW, "--replays", "2", "--save", str(tmp_path / "f.json"), *flags)
+        out = _run(capsys, *argv)[1]
+        assert words in out.splitlines()[0], out
+        assert json.loads(_run(capsys, *argv, "--json")[1])["writes"] == key
+
+
+def test_padding_contract_json_keeps_the_spec_s_pad_types(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = PLANTED.read_text(encoding="utf-8")
+    old = "scale: {dtype: int32, rows: requests, pad: 0"
+    text = text.replace(old, "scale: {dtype: float32, rows: requests, pad: 1.5")
+    spec = tmp_path / "pads.yaml"
+    spec.write_text(text, encoding="utf-8")
+    code, out, err = _run(capsys, "drill", str(spec), *ALLOW, "--padding-contract", "--json")
+    assert code == 0, err
+    pads = {b["buffer"]: b["pad"] for b in json.loads(out)["buffers"]}
+    assert pads == {"lens": 7, "scale": 1.5, "table": 0}, pads  # numbers as the spec gives them, not "7"
+    assert type(pads["lens"]) is int and type(pads["scale"]) is float
+
+
+@pytest.mark.parametrize(
+    ("mode", "unit"),
+    [((), "replays"), (("--replay", "{saved}"), "replays"), (("--padding-contract",), "padding trials")],
+    ids=["drill", "replay", "padding-contract"],
+)
+def test_every_drill_mode_prints_progress_off_a_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    mode: tuple[str, ...], unit: str,
+) -> None:  # fmt: skip
+    """Progress lines on stderr (not a terminal here) every INTERVAL seconds (5 in use; 10 ms here)."""
+    import graphbuf.drill.progress
+
+    saved = tmp_path / "failure.json"
+    if "--replay" in mode:
+        assert _run(capsys, "drill", str(PLANTED), *ALLOW, "--replays", "8", "--save", str(saved))[0] == 1
+    monkeypatch.setattr(graphbuf.drill.progress, "INTERVAL", 0.01)
+    argv = [a.replace("{saved}", str(saved)) for a in mode]
+    code, _, err = _run(capsys, "drill", str(PLANTED), *ALLOW, *(argv or ["--replays", "4"]))
+    assert code in (0, 1), err
+    if "--padding-contract" not in mode:  # the contract captures its one size without the runner's sizes
+        assert "drill: 2/2 sizes captured in " in err, err
+    assert f" {unit}" in err and "\r" not in err, err
