@@ -29,18 +29,35 @@ drill's binding uses too, so the routed and the bound decode are one code path:
   Capture runs it once; :meth:`RoutedDecodes.update` re-issues it with new lengths;
   :meth:`RoutedDecodes.replay` runs the tasks of a size as the device's graph replay would, so a task that
   is not re-issued replays stale lengths.
+
+Under vllm-ascend's UpdatableGraph mechanism (0.30+) ``run`` is given ``register`` (upstream's
+``register_task`` with graphbuf's provider for the layer, ``routing.DecodeParamProvider``): the task is
+captured through it, as one keyword call ``operation(tensors=..., seq_lens_kv=..., scale=...)`` (the NPU
+kernel's task group, or the whole software decode), and upstream re-issues it after resolving the provider;
+graphbuf never re-issues it itself. Upstream keeps only weak references to a task's tensors, so the
+:class:`DecodeTask` holds every one of them strongly for as long as the capture is kept, and a tensor whose
+storage owns no memory (a weak reference) is refused at capture (``LivenessError``).
+
+Per replay accounting (both mechanisms): :meth:`RoutedDecodes.expect` is called when a step is planned at a
+size holding graphbuf tasks, :meth:`RoutedDecodes.ran_in_python` when that step's forward ran (capture or
+eager: no replay), :meth:`RoutedDecodes.saw_update` for every update delivered. A step that expected a
+replay and saw no update raises ``UpstreamError`` naming the mechanism and the layers at the next
+:meth:`RoutedDecodes.expect` or :meth:`RoutedDecodes.verify`, instead of waiting on an event nobody records.
+Two threads updating one group's tasks at once get ``ConcurrentUseError``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from graphbuf.errors import AddressChangedError, LivenessError
+from graphbuf.errors import AddressChangedError, ConcurrentUseError, LivenessError
 from graphbuf.graphs.tasks import (
     CapturedTask,
     NpuTaskState,
@@ -98,10 +115,42 @@ class DecodeTask:
         self.task.fn(*self.task.tensor_args, **dict(self.task.host_args))
 
 
+Register = Callable[[Callable[..., Any], dict[str, Any]], None]
+"""Upstream's ``register_task`` bound to a provider: ``register(operation, kwargs)``."""
+
+
+def run_task(fn: Callable[..., Any], *, tensors: tuple[torch.Tensor, ...], seq_lens_kv: list[int],
+             scale: float) -> None:  # fmt: skip
+    """A task in keyword form (upstream calls ``operation(**kwargs)``): ``fn(*tensors, seq_lens_kv=...,
+    scale=...)``."""
+    fn(*tensors, seq_lens_kv=seq_lens_kv, scale=scale)
+
+
+def _check_strong(label: str, tensors: Sequence[torch.Tensor], caches: Sequence[torch.Tensor]) -> None:
+    """LivenessError when a task tensor (other than the KV caches) is a weak reference: its storage owns no
+    memory (``resizable()`` False, as a ``from_blob`` alias such as ``weak_ref_tensor`` makes)."""
+    cache_storages = {c.untyped_storage().data_ptr() for c in caches}
+    for i, t in enumerate(tensors):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in cache_storages and not storage.resizable():
+            raise LivenessError(
+                f"{label}: task tensor {i} (shape {list(t.shape)}, at {t.data_ptr():#x}) is a weak "
+                "reference: its storage owns no memory, so the graph would read freed memory once the owner "
+                "drops it (vllm-ascend #16794, error 507011). Hand the capture a tensor that owns its memory."
+            )
+
+
 def _stream_capturing() -> bool:
     npu = getattr(torch, "npu", None)
     probe = getattr(npu, "is_current_stream_capturing", None)
     return bool(probe()) if callable(probe) else False
+
+
+def _upstream_reissues(task: CapturedTask, host: Any) -> None:
+    raise upstream.UpstreamError(
+        "a routed decode task registered with upstream's UpdatableGraph is re-issued by upstream "
+        "(ACLGraphWrapper._updatable_graph_replay after resolving graphbuf's provider), never by graphbuf"
+    )
 
 
 class RoutedDecodes:
@@ -111,6 +160,61 @@ class RoutedDecodes:
         self._tasks: dict[int, dict[int, DecodeTask]] = {}
         self._watches: dict[int, Watch] = {}
         self._stream: Any = None
+        self._busy = threading.Lock()
+        self._expected: tuple[int, str] | None = None  # (size, mechanism) of a planned replay
+        self._seen = 0
+
+    @contextlib.contextmanager
+    def exclusive(self, what: str) -> Iterator[None]:
+        """One updater at a time: ConcurrentUseError when another thread is inside (sglang-omni #2160)."""
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentUseError(
+                f"routed decode: {what} while another thread updates the same graph's tasks; one graph is "
+                "updated by one thread at a time (serialize the replays or give each thread its own graphs)"
+            )
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def expect(self, size: int, mechanism: str) -> None:
+        """A step was planned at ``size``: :meth:`verify` the previous one, then expect an update for this
+        one if ``size`` holds graphbuf tasks (a replay runs them)."""
+        self.verify()
+        self._expected = (size, mechanism) if self.tasks(size) else None
+        self._seen = 0
+
+    def ran_in_python(self) -> None:
+        """The planned step's forward ran (capture or eager): no replay, nothing to update."""
+        self._expected = None
+
+    def saw_update(self, count: int = 1) -> None:
+        """``count`` updates of the planned step's tasks were delivered."""
+        self._seen += count
+
+    @property
+    def updates_seen(self) -> int:
+        """Updates delivered for the step planned last."""
+        return self._seen
+
+    def verify(self) -> None:
+        """UpstreamError when the step planned last replayed graphbuf tasks and saw no update."""
+        expected, self._expected = self._expected, None
+        if expected is None or self._seen:
+            return
+        size, mechanism = expected
+        labels = "; ".join(t.label for t in self.tasks(size))
+        hook = {
+            "update_graph_params": "AscendAttentionBackendImpl.update_graph_params (graphbuf's wrapper) was "
+            "not called before the replay",
+            "UpdatableGraph": "ACLGraphWrapper._updatable_graph_replay did not resolve graphbuf's providers "
+            "(is the wrapper's attn_backend set, so use_updatable_graph holds?)",
+        }.get(mechanism, "no update arrived")
+        raise upstream.UpstreamError(
+            f"routed decode at capture size {size}: the last replay ran graphbuf's tasks ({labels}) but saw "
+            f"0 task updates under the {mechanism} mechanism: {hook}. On a device that replay waits forever "
+            "on the tasks' ExternalEvent (or replays stale KV lengths); graphbuf stops here instead"
+        )
 
     def tasks(self, size: int) -> tuple[DecodeTask, ...]:
         """The tasks captured at ``size``, in capture order."""
@@ -129,23 +233,37 @@ class RoutedDecodes:
         seq_lens_host: Sequence[int],
         scale: float,
         out: torch.Tensor,
+        register: Register | None = None,
+        name: str | None = None,
     ) -> torch.Tensor:
         """Decode ``query`` ``[B, Nq, D]`` into ``out`` ``[B, Nq, D]`` with KV lengths ``seq_lens_host`` (B
         host ints equal to the live part of ``seq_lens``). ``capturing``: register the call as ``owner``'s
-        task at ``size`` (replacing an earlier capture of the same layer and size). Returns ``out``.
+        task at ``size`` (replacing an earlier capture of the same layer and size); ``register``: capture it
+        through upstream's ``register_task`` (UpdatableGraph) instead of graphbuf's own task group; ``name``:
+        the layer's name in errors. Returns ``out``.
 
         RuntimeError when an NPU graph capture is underway on the current stream but ``capturing`` is
         False: the kernel would bake the host lengths into a graph with no task to re-issue them.
         """
         lens = [int(n) for n in seq_lens_host]
         scale = float(scale)
-        issued: list[tuple[Callable[..., Any], tuple[torch.Tensor, ...], NpuTaskState]] = []
+        layers = self._tasks.setdefault(size, {}) if capturing else {}
+        order = list(layers).index(id(owner)) if id(owner) in layers else len(layers)
+        who = f"{name!r}" if name else f"#{order} ({type(owner).__name__})"
+        label = f"routed decode layer {who} at capture size {size}"
+        caches = (key_cache, value_cache)
+        issued: list[tuple[Callable[..., Any], tuple[torch.Tensor, ...], NpuTaskState | None]] = []
 
         def issue(
             fn: Callable[..., Any], *tensors: torch.Tensor, seq_lens_kv: list[int], scale: float
         ) -> None:
             body = functools.partial(fn, scale=scale)
             host = {"seq_lens_kv": list(seq_lens_kv)}
+            if capturing and register is not None:
+                _check_strong(label, tensors, caches)
+                register(functools.partial(run_task, fn), {"tensors": tensors, **host, "scale": scale})
+                issued.append((body, tensors, None))
+                return
             if capturing:
                 issued.append((body, tensors, npu_capture_task(body, tensors, host)))
                 return
@@ -153,30 +271,32 @@ class RoutedDecodes:
                 raise RuntimeError(
                     f"routed paged decode at capture size {size}: an NPU graph capture is underway but "
                     "vllm-ascend's forward context does not say capturing, so no task would be registered "
-                    "and update_graph_params could never re-issue the host KV lengths baked into the graph; "
+                    "and nothing could ever re-issue the host KV lengths baked into the graph; "
                     "capture through vllm-ascend's ACLGraphWrapper (or use decode_mode: dense)"
                 )
             body(*tensors, **host)
 
-        large_head.decode_into(query, key_cache, value_cache, block_table, seq_lens, out, seq_lens_kv=lens,
-                               scale=scale, issue=issue)  # fmt: skip
+        software = not kernels.uses_npu_kernels(query)
+        tensors = (query, key_cache, value_cache, block_table, seq_lens, out)
+        if capturing and register is not None and software:
+            issue(large_head.decode_into, *tensors, seq_lens_kv=lens, scale=scale)  # registered whole
+        else:
+            large_head.decode_into(*tensors, seq_lens_kv=lens, scale=scale, issue=issue)
         if not capturing:
             return out
         if issued:
             ((fn, tensors, state),) = issued
-            host_lens = list(lens)
-        elif not kernels.uses_npu_kernels(query):
+            if software and register is not None:
+                fn = functools.partial(large_head.decode_into, scale=scale)
+        elif software:
             fn = functools.partial(large_head.decode_into, scale=scale)
-            tensors = (query, key_cache, value_cache, block_table, seq_lens, out)
-            state, host_lens = None, lens
+            state = None
         else:
             return out  # an NPU float32 query decodes with device lengths: nothing to re-issue
-        layers = self._tasks.setdefault(size, {})
-        order = list(layers).index(id(owner)) if id(owner) in layers else len(layers)
-        label = f"routed decode layer #{order} ({type(owner).__name__}) at capture size {size}"
-        task = CapturedTask(TaskKind.PAGED_ATTENTION, fn, tensors, {"seq_lens_kv": host_lens}, state,
-                            self._reissue)  # fmt: skip
-        layers[id(owner)] = DecodeTask(owner, label, task, (key_cache, value_cache))
+        reissue = self._reissue if register is None else _upstream_reissues
+        task = CapturedTask(TaskKind.PAGED_ATTENTION, fn, tensors, {"seq_lens_kv": list(lens)}, state,
+                            reissue)  # fmt: skip
+        layers[id(owner)] = DecodeTask(owner, label, task, caches)
         self._watches.pop(size, None)  # rebuilt from the tasks at the next check
         return out
 

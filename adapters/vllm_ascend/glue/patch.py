@@ -3,12 +3,15 @@
 
 Public: :func:`install` (patch now, or right after the module's first import through a ``sys.meta_path``
 hook), :func:`apply`, :func:`unpatch`, :func:`is_patched`. It wraps
-``AscendAttentionBackendImpl.forward_impl``,
-``AscendAttentionBackendImpl.update_graph_params`` (a staticmethod whose signature is one of
-``upstream.UPDATE_FORMS``; the wrapper binds each call to it, hides routed metadata from it, then lets the
-routing policy re-issue graphbuf's own tasks; a call that does not bind raises) and
-``AscendAttentionMetadataBuilder.build``. What the wrappers do with a call is the routing policy's
-(``routing.py``); this module only installs, checks and removes them.
+``AscendAttentionBackendImpl.forward_impl``, ``AscendAttentionMetadataBuilder.build`` and, under the legacy
+update mechanism only, ``AscendAttentionBackendImpl.update_graph_params`` (a staticmethod whose signature is
+one of ``upstream.UPDATE_FORMS``; the wrapper binds each call to it, hides routed metadata from it, then lets
+the routing policy re-issue graphbuf's own tasks; a call that does not bind raises). Under the UpdatableGraph
+mechanism upstream never calls ``update_graph_params`` for its attention backends, so it is left alone:
+graphbuf's tasks are registered with the graph (``routing.py`` rule 7). The mechanism is decided once per
+apply from the surface (``upstream.detect_mechanism``) and kept with the large-head owner in
+``activation``. What the wrappers do with a call is the routing policy's (``routing.py``); this module only
+installs, checks and removes them.
 
 The whole upstream surface (``upstream.SURFACE``) is checked before anything is changed; a miss raises
 ``upstream.UpstreamError`` naming the first miss, with nothing changed. Through the import hook a miss
@@ -31,7 +34,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import routing, upstream
+from . import activation, routing, upstream
 from .routing import ROUTE_ATTR, Route
 
 __all__ = [
@@ -84,24 +87,32 @@ def inactive_reason() -> str | None:
 
 
 def apply(module: Any = None) -> bool:
-    """Wrap ``forward_impl``, ``update_graph_params`` and ``build`` of the attention module's classes.
+    """Wrap ``forward_impl`` and ``build`` of the attention module's classes, and ``update_graph_params``
+    under the legacy update mechanism.
 
     ``module``: the imported ``TARGET_MODULE`` (None: import it). Returns True if it patched now, False if
-    the classes were already patched (wrapping happens once). Checks the whole upstream surface before
-    changing anything and raises ``upstream.UpstreamError`` naming the first miss; then nothing is changed.
+    the classes were already patched (wrapping happens once). Decides the update mechanism and the
+    large-head owner and checks the upstream surface for that mechanism before changing anything; raises
+    ``upstream.UpstreamError`` naming the first miss (a half-present mechanism included), then nothing is
+    changed.
     """
     with _lock:
         if module is None:
             module = importlib.import_module(TARGET_MODULE)
-        impl_cls, builder_cls = _check_structure(module)
+        impl_cls, builder_cls, decided = _check_structure(module)
         if _ORIGINALS_ATTR in impl_cls.__dict__ or _ORIGINALS_ATTR in builder_cls.__dict__:
             return False
-        impl_raw = {name: impl_cls.__dict__[name] for name in ("forward_impl", "update_graph_params")}
+        assert decided is not None
+        legacy = decided.mechanism is upstream.Mechanism.LEGACY
+        wrapped = ("forward_impl", "update_graph_params") if legacy else ("forward_impl",)
+        impl_raw = {name: impl_cls.__dict__[name] for name in wrapped}
         builder_raw = {"build": builder_cls.__dict__["build"]}
+        activation.set_current(decided)
         impl_cls.forward_impl = _wrap_forward_impl(impl_raw["forward_impl"])
-        impl_cls.update_graph_params = staticmethod(
-            _wrap_update_graph_params(impl_raw["update_graph_params"].__func__)
-        )
+        if "update_graph_params" in impl_raw:
+            impl_cls.update_graph_params = staticmethod(
+                _wrap_update_graph_params(impl_raw["update_graph_params"].__func__)
+            )
         builder_cls.build = _wrap_build(builder_raw["build"], builder_cls)
         setattr(impl_cls, _ORIGINALS_ATTR, impl_raw)
         setattr(builder_cls, _ORIGINALS_ATTR, builder_raw)
@@ -131,6 +142,7 @@ def unpatch() -> bool:
             delattr(cls, _ORIGINALS_ATTR)
             undone = True
         _patched_classes.clear()
+        activation.clear()
         return undone
 
 
@@ -229,20 +241,28 @@ def _wrap_build(original: Callable[..., Any], builder_cls: type) -> Callable[...
 # -------------------------------------------------------------------------------------------- helpers
 
 
-def _check_structure(module: Any) -> tuple[type, type]:
+def _check_structure(module: Any) -> tuple[type, type, activation.Activation | None]:
+    """The classes to wrap and the decision (None when they are wrapped already); UpstreamError on a miss."""
     impl_cls = module.__dict__.get(IMPL_CLASS)
     builder_cls = module.__dict__.get(BUILDER_CLASS)
     if isinstance(impl_cls, type) and _ORIGINALS_ATTR in impl_cls.__dict__:
         assert isinstance(builder_cls, type)
-        return impl_cls, builder_cls
-    miss = upstream.first_miss(module)
+        return impl_cls, builder_cls, None
+    where = getattr(module, "__name__", TARGET_MODULE)
+    try:
+        mechanism, evidence = upstream.detect_mechanism()
+    except upstream.UpstreamError as exc:
+        raise upstream.UpstreamError(f"{where}: {exc}. Nothing was patched.") from None
+    miss = upstream.first_miss(module, mechanism)
     if miss is not None:
         raise upstream.UpstreamError(
-            f"{getattr(module, '__name__', TARGET_MODULE)} does not have the layout graphbuf's patch "
-            f"expects: {miss}. Nothing was patched."
+            f"{where} does not have the layout graphbuf's patch expects ({mechanism.value} mechanism): "
+            f"{miss}. Nothing was patched."
         )
     assert isinstance(impl_cls, type) and isinstance(builder_cls, type)
-    return impl_cls, builder_cls
+    large_head = upstream.upstream_large_head(module)
+    owner, reason = activation.large_head_owner(large_head)
+    return impl_cls, builder_cls, activation.Activation(mechanism, evidence, large_head, owner, reason)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -285,6 +305,11 @@ class _PatchingLoader(importlib.abc.Loader):
         except upstream.UpstreamError as exc:
             _inactive = str(exc)
             logger.warning("graphbuf vllm-ascend plugin inactive, %s left unpatched: %s", TARGET_MODULE, exc)
+            activation.announce(f"inactive: {TARGET_MODULE} left unpatched: {exc}")
+            return
+        decided = activation.current()
+        if decided is not None:
+            activation.announce(f"active: {TARGET_MODULE} patched at its import; {decided.describe()}")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

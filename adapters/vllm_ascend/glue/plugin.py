@@ -7,7 +7,11 @@ Invariants:
 
 - Importing this module imports only the standard library: no torch, no torch_npu, no vllm, no vllm_ascend.
 - ``register()`` never raises (vLLM calls general plugins without a try/except), does its work at most once
-  per process, and logs exactly one debug line per process saying what it decided.
+  per process, and logs exactly one INFO line per process through vLLM's logger (``activation.announce``,
+  shown at vLLM's default ``VLLM_LOGGING_LEVEL=INFO``): active or not and why, the update mechanism, which
+  layers graphbuf routes and which upstream owns. When the patch waits for vllm-ascend's attention module
+  (``deferred``), that line is logged when the module is imported and patched (or found wanting).
+  :func:`decision` returns the same decision as text.
 - Without vllm_ascend or without an NPU it changes nothing, and on a machine without vllm_ascend or without
   torch_npu it never imports torch_npu.
 - Activation is decided by the whole upstream surface (``upstream.py``), never by a version string: a miss
@@ -65,7 +69,8 @@ def register() -> None:
             logger.warning("graphbuf vllm-ascend plugin failed and changed nothing: %r", exc)
             result = f"failed: {exc!r}"
         _decision = result
-        logger.debug("graphbuf vllm-ascend plugin: %s", result)
+        if not result.startswith("active:") or not result.endswith(_DEFERRED):
+            _announce(result)
 
 
 def decision() -> str | None:
@@ -100,14 +105,26 @@ def activate(npu_available: bool | None = None) -> str:
         return f"inactive: no NPU available ({reason}); nothing patched"
 
     version = vllm_ascend_version() or "unknown"
-    from . import patch, upstream  # lazily: importing this module stays standard-library only
+    from . import activation, patch, upstream  # lazily: importing this module stays standard-library only
 
     try:
         state = patch.install()
     except upstream.UpstreamError as exc:
         logger.warning("graphbuf vllm-ascend plugin inactive on vllm-ascend %s: %s", version, exc)
         return f"inactive: vllm-ascend {version}: {exc}"
-    return f"active: vllm-ascend {version}; attention patch {state}"
+    decided = activation.current()
+    if state == "deferred" or decided is None:
+        return f"active: vllm-ascend {version}; attention patch {state}{_DEFERRED}"
+    return f"active: vllm-ascend {version}; attention patch {state}; {decided.describe()}"
+
+
+_DEFERRED = " (the update mechanism is decided when vllm_ascend.attention.attention_v1 is imported)"
+
+
+def _announce(result: str) -> None:
+    from . import activation  # lazily, as in activate()
+
+    activation.announce(result)
 
 
 def vllm_ascend_version() -> str | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -211,6 +212,7 @@ def routed_spec(
             "buffers": {name: base.buffers[name] for name in ("block_table", "seq_lens")},
             "capture": base.capture.model_copy(update={"sizes": sizes}),
             "tasks": [],  # the drill's tasks; nothing here runs them
+            "workspaces": {},  # theirs too (a workspace may name its task's route): never allocated here
         }
     )
     shown = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "none"
@@ -249,6 +251,50 @@ class GroupBuffers:
         """vLLM's capture sizes outside the spec's envelope (upstream's path runs them)."""
         self.fallbacks: dict[int, str] = {}
         """Capture sizes whose capture fell back to upstream's path, with the reason; never routed again."""
+        self._steps = itertools.count(1)
+        self._applied = 0
+
+    def next_step(self) -> int:
+        """A new serial number for a planned step (``Route.step``)."""
+        return next(self._steps)
+
+    def apply(self, step: int, size: int, block_table: Any, seq_lens: Any, num_reqs: int) -> bool:
+        """:meth:`resolve` for planned step ``step`` unless that step was applied already (a staged route is
+        applied by whichever comes first: its forward, or the first provider resolved for its replay).
+        Returns True if it refreshed now; errors as :meth:`resolve`, with nothing written."""
+        if step == self._applied:
+            return False
+        self.decodes.check(size)  # the size's captured tensors unmoved, before a byte is written
+        self.resolve(size, block_table, seq_lens, num_reqs)
+        self._applied = step
+        return True
+
+    def check_capacity(self, max_num_seqs: int | None, max_num_batched_tokens: int | None) -> None:
+        """At activation (vllm-ascend #14024): every routed capture size fits graphbuf's tables and the
+        runner's per-token buffers. The largest size must need at most ``max_num_seqs`` rows of
+        ``tokens_per_request`` tokens (rows = size // (1 + k) for MTP groups), hold at most
+        ``max_num_batched_tokens`` tokens (the runner's slot mapping), and the allocated block-table and
+        ``seq_lens`` rows must cover it. SpecError with the arithmetic otherwise."""
+        largest = max(self.capture_sizes)
+        tpr = self.tokens_per_request
+        rows = largest // tpr
+        problems = []
+        if max_num_seqs is not None and rows > max_num_seqs:
+            problems.append(f"{largest} tokens // {tpr} tokens per request = {rows} rows > max_num_seqs "
+                            f"{max_num_seqs}")  # fmt: skip
+        if max_num_batched_tokens is not None and largest > max_num_batched_tokens:
+            problems.append(f"{largest} tokens > max_num_batched_tokens {max_num_batched_tokens} (the "
+                            "runner's slot mapping holds one slot per token)")  # fmt: skip
+        views = self.buffers.view(largest)
+        for name in ROUTED_BUFFERS:
+            have = int(views[name].shape[0])
+            if have < rows:
+                problems.append(f"graphbuf's {name} has {have} rows at size {largest}, needs {rows}")
+        if problems:
+            raise SpecError(
+                f"{SPEC_NAME}: capacity at the largest routed capture size {largest} "
+                f"(max_num_seqs {max_num_seqs} x (1 + k = {tpr})): " + "; ".join(problems)
+            )
 
     def capture_size(self, num_tokens: int) -> int | None:
         """The smallest capture size holding ``num_tokens`` tokens; None above the largest (not captured)."""
@@ -303,6 +349,7 @@ def group_buffers(
         else:
             spec, overrides, not_routed = planned
             buffers = GroupBuffers(spec, overrides, where if where is not None else "cpu", modes)
+            buffers.check_capacity(overrides.get("max_num_seqs"), overrides.get("max_num_batched_tokens"))
             buffers.not_routed = tuple(not_routed)
             _log_not_routed(builder, buffers)
             cache[q_len] = buffers

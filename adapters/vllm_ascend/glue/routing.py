@@ -42,7 +42,23 @@
    re-issuing only the tasks whose lengths changed. Before a routed size's buffers are refreshed (``build``)
    and before its tasks are re-issued, the size's watch check runs (``RoutedDecodes.check``): a moved,
    resized or freed tensor of a captured task raises ``AddressChangedError`` / ``LivenessError`` naming the
-   layer and the tensor, before any byte is written.
+   layer and the tensor, before any byte is written. This is the legacy mechanism
+   (``upstream.Mechanism.LEGACY``: vllm-ascend up to 0.29).
+8. UpdatableGraph (``upstream.Mechanism.UPDATABLE``, vllm-ascend 0.30+). ``update_graph_params`` is never
+   called, so nothing wraps it. A routed paged decode is captured through upstream's ``register_task`` with a
+   :class:`DecodeParamProvider` (one per layer and route, equal by value); upstream resolves it before each
+   replay, and its ``resolve(attn_metadata)`` refreshes the group's buffers for that step (the build only
+   validates and stages the sources: ``Route.staged``; the refresh validates again and writes nothing on
+   error) and returns only ``seq_lens_kv``, the host argument that changes. A draft graph
+   (``_EXTRA_CTX.is_draft_model``) resolves its tasks from upstream's own draft parameter list, never from
+   a provider, so graphbuf registers nothing there: such a capture size keeps upstream's path.
+9. Per replay accounting (both mechanisms, ``RoutedDecodes.expect``): a planned step at a size holding
+   graphbuf tasks expects an update; its forward running (capture, eager) or an update clears it; a step
+   that replayed graphbuf tasks with no update raises ``UpstreamError`` naming the mechanism and the layers
+   at the next build, instead of a silent wait.
+10. Owner. ``activation.current().owner`` (``GRAPHBUF_LARGE_HEAD_OWNER``) ``upstream`` routes nothing: the
+   large-head layers stay on vllm-ascend's path (its own large-head provider, where it has one). Which of the
+   two owns a group's layers is logged once per group.
 
 Tensors handed to graphbuf's kernels are graphbuf's own captured buffers (``resolve.py``), never the
 runner's. Every upstream field is read through ``upstream.read`` (a miss raises, naming the surface entry);
@@ -52,6 +68,7 @@ standard library and ``upstream`` at import time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from dataclasses import dataclass
@@ -59,14 +76,15 @@ from typing import Any
 
 from graphbuf.errors import RefreshError
 
-from . import upstream
-from .upstream import read
+from . import activation, upstream
+from .upstream import Mechanism, read
 
 __all__ = [
     "LARGE_HEAD_SIZE",
     "ROUTED_ATTN_STATES",
     "ROUTED_GRAPH_MODES",
     "ROUTE_ATTR",
+    "DecodeParamProvider",
     "ForwardContextView",
     "Route",
     "forward",
@@ -110,7 +128,9 @@ class Route:
     (``[size // q_len, W]`` int32, ``W`` in kernel blocks) and ``seq_lens`` (``[size // q_len]`` int32) are
     views of the group's graphbuf buffers at capture size ``size``: fixed addresses, refreshed by ``build``,
     rows from ``num_reqs`` (the live requests) on cleared to 0. ``seq_lens_host``: the same lengths as host
-    ints (the paged decode's ``actual_seq_lengths_kv``). ``group``: the group's ``GroupBuffers``.
+    ints (the paged decode's ``actual_seq_lengths_kv``). ``group``: the group's ``GroupBuffers``. ``step``:
+    the group's serial number of this planned step. ``staged``: under UpdatableGraph, the runner's
+    ``(block_table, seq_lens, num_reqs)`` not yet written into the views (rule 8); None once written at build.
     """
 
     q_len: int | None
@@ -121,6 +141,13 @@ class Route:
     reason: str | None = None
     group: Any = None
     seq_lens_host: tuple[int, ...] = ()
+    step: int = 0
+    staged: tuple[Any, Any, int] | None = None
+
+    def apply(self) -> None:
+        """Write the staged sources into the group's buffers (once per step; nothing when not staged)."""
+        if self.staged is not None and self.group is not None:
+            self.group.apply(self.step, self.size, *self.staged)
 
 
 def route_of(metadata: Any) -> Route | None:
@@ -158,6 +185,10 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
         return None
     spec = read(builder, "kv_cache_spec", _BUILDER)
     if read(spec, "head_size", _SPEC) != LARGE_HEAD_SIZE or read(spec, "sliding_window", _SPEC) is not None:
+        return None
+    decided = activation.current()
+    _log_owner(builder, decided)
+    if decided is not None and not decided.graphbuf_routes:
         return None
     quant_config = read(read(builder, "vllm_config", _BUILDER), "quant_config", _CONFIG)
     # upstream itself reads enable_c8_quant with a default (quant configs other than ModelSlim's lack it)
@@ -205,9 +236,23 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
             )
     if size in buffers.fallbacks:
         return Route(q_len=None, reason=buffers.fallbacks[size])
+    mechanism = _mechanism()
+    buffers.decodes.expect(size, mechanism.value)  # the last step's replay saw its update, or raise
     buffers.decodes.check(size)  # the size's captured tensors unmoved, before this step writes a byte
-    live = num_tokens // q_len
+    return _planned(buffers, size, q_len, num_tokens // q_len, kernel_block, attn_metadata, block_table,
+                    seq_lens, mechanism)  # fmt: skip
+
+
+def _planned(buffers: Any, size: int, q_len: int, live: int, kernel_block: int, attn_metadata: Any,
+             block_table: Any, seq_lens: Any, mechanism: Mechanism) -> Route:  # fmt: skip
+    """The routed batch's :class:`Route`: host lengths checked, buffers refreshed (or staged, rule 8)."""
+    from . import resolve  # lazily: importing this module stays standard-library only
+
     host = _host_ints(read(attn_metadata, "seq_lens_list", _METADATA), live)
+    staged = None
+    if mechanism is Mechanism.UPDATABLE and q_len == 1 and buffers.modes.decode == "paged":
+        staged = (block_table, seq_lens, live)
+        host = _host_ints(seq_lens, live) if host is None else host
     capacity = kernel_block * int(buffers.buffers.plan[resolve.BLOCK_TABLE].shape[1])
     if host is not None and any(n < 0 or n > capacity for n in host):
         raise RefreshError(
@@ -215,13 +260,17 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
             f"(the captured block table's {capacity // kernel_block} blocks of {kernel_block}); the paged "
             "kernel would read past the table. Nothing was refreshed."
         )
-    views = buffers.resolve(size, block_table, seq_lens, live)
+    if staged is not None:
+        named = buffers.buffers.view(size)  # rule 8: the provider (or the forward) writes them
+        views = (named[resolve.BLOCK_TABLE], named[resolve.SEQ_LENS])
+    else:
+        views = buffers.resolve(size, block_table, seq_lens, live)
     if host is None:
         host = [int(n) for n in views[1][:live].tolist()]  # the refreshed buffer (a device read)
     rows = int(views[1].shape[0])
     return Route(
         q_len=q_len, block_table=views[0], seq_lens=views[1], size=size, num_reqs=live, group=buffers,
-        seq_lens_host=tuple(host) + (0,) * (rows - live),
+        seq_lens_host=tuple(host) + (0,) * (rows - live), step=buffers.next_step(), staged=staged,
     )  # fmt: skip
 
 
@@ -235,6 +284,10 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
     if route.group is not None and route.size in route.group.fallbacks:
         return original(impl, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
     problems, key_cache, value_cache = _problems(impl, query, kv_cache, attn_metadata, route)
+    register = None
+    if not problems and route.group is not None:
+        register, problem = _registrar(impl, route)
+        problems += [problem] if problem else []
     if problems:
         reason = f"{type(impl).__name__}.forward_impl cannot run on graphbuf: {'; '.join(problems)}"
         if route.group is not None:
@@ -245,6 +298,9 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
          "record_attention_compute_start")()  # fmt: skip
     from ..bindings import large_head  # lazily: it imports torch
 
+    if route.group is not None:
+        route.group.decodes.ran_in_python()  # this step runs here: no replay waits for an update
+        route.apply()  # rule 8: the staged sources, once per step
     num_tokens = int(query.shape[0])
     batch = num_tokens // route.q_len
     # Under a full graph the query holds the padded batch (route.size tokens): the views as they are, whose
@@ -254,7 +310,8 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
         block_table, seq_lens = block_table[:batch], seq_lens[:batch]
     modes = route.group.modes if route.group is not None else None
     if route.q_len == 1 and modes is not None and modes.decode == "paged":
-        return _paged_decode(impl, route, query, key_cache, value_cache, block_table, seq_lens, output)
+        return _paged_decode(impl, route, query, key_cache, value_cache, block_table, seq_lens, output,
+                             register)  # fmt: skip
     if route.q_len == 1:
         result = large_head.decode_attention(query, key_cache, value_cache, block_table, seq_lens, impl.scale)
     elif modes is None or modes.verify == "blockwise":
@@ -270,7 +327,7 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
 
 
 def _paged_decode(impl: Any, route: Route, query: Any, key_cache: Any, value_cache: Any, block_table: Any,
-                  seq_lens: Any, output: Any) -> Any:  # fmt: skip
+                  seq_lens: Any, output: Any, register: Any) -> Any:  # fmt: skip
     """Decode through the group's paged tasks (rule 6; ``route.group`` is set), written into ``output``'s
     rows when they are contiguous (a captured copy writes a fixed address), else into a buffer copied out."""
     batch = int(query.shape[0])
@@ -278,8 +335,9 @@ def _paged_decode(impl: Any, route: Route, query: Any, key_cache: Any, value_cac
     target = None if output is None else (output if int(output.shape[0]) == batch else output[:batch])
     direct = target is not None and tuple(target.shape) == tuple(query.shape) and target.is_contiguous()
     out = target if direct else query.new_empty(query.shape)
+    name = None if register is None else register.keywords["provider"].layer_name
     route.group.decodes.run(impl, route.size, upstream.capturing(), query, key_cache, value_cache,
-                            block_table, seq_lens, lens, impl.scale, out)  # fmt: skip
+                            block_table, seq_lens, lens, impl.scale, out, register, name)  # fmt: skip
     return output if direct else _store(output, out, batch)
 
 
@@ -295,10 +353,93 @@ def update_routed(update_stream: Any, num_tokens: int, *containers: Any) -> int:
             continue
         done.add(id(group))
         size = route.size if route.size is not None else num_tokens
-        group.decodes.check(size)
-        count += group.decodes.update(size, route.seq_lens_host, update_stream)
-        group.decodes.arm(size, update_stream)
+        with group.decodes.exclusive("update_graph_params"):
+            group.decodes.check(size)
+            count += group.decodes.update(size, route.seq_lens_host, update_stream)
+            group.decodes.arm(size, update_stream)
+            group.decodes.saw_update()
     return count
+
+
+@dataclass(frozen=True)
+class DecodeParamProvider:
+    """graphbuf's parameter provider for one routed layer's paged decode task under UpdatableGraph (rule
+    8): hashable and equal by value, so upstream keeps one slot per layer and route.
+
+    ``layer_name``: the key of the layer's metadata in ``forward_context.attn_metadata`` (the KV-sharing
+    target's name for a layer that shares its KV cache, as upstream's own providers use); ``route``: which
+    of graphbuf's routes the task belongs to.
+    """
+
+    layer_name: str
+    route: str = "paged_decode"
+
+    def resolve(self, attn_metadata: Any) -> dict[str, Any]:
+        """Refresh graphbuf's buffers for this replay (once per step for the layer's group: validated,
+        padded rows cleared, a too-wide table rejected, nothing written on error) and return the one host
+        argument that changes, ``seq_lens_kv``. UpstreamError naming the layer when its metadata is not a
+        routed decode batch (the graph holds graphbuf's task: the replayed batch must be graphbuf's)."""
+        metadata = attn_metadata.get(self.layer_name) if isinstance(attn_metadata, dict) else None
+        route = route_of(metadata)
+        if route is None or route.q_len != 1 or route.group is None:
+            keys = sorted(attn_metadata) if isinstance(attn_metadata, dict) else type(attn_metadata).__name__
+            raise upstream.UpstreamError(
+                f"UpdatableGraph replay: graphbuf's provider for layer {self.layer_name!r} ({self.route}) "
+                f"found no routed decode batch for it in forward_context.attn_metadata (keys: {keys}; its "
+                f"route: {route!r}); the graph holds graphbuf's task for that layer: its batch must be routed"
+            )
+        decodes = route.group.decodes
+        with decodes.exclusive(f"UpdatableGraph resolve of layer {self.layer_name!r}"):
+            route.apply()
+            decodes.saw_update()
+        return {"seq_lens_kv": list(route.seq_lens_host)}
+
+
+def _registrar(impl: Any, route: Route) -> tuple[Any, str | None]:
+    """Under UpdatableGraph while capturing a paged decode: upstream's ``register_task`` bound to the layer's
+    provider, or a reason it cannot be (rule 8). ``(None, None)`` elsewhere (graphbuf's own task group)."""
+    modes = route.group.modes
+    if (_mechanism() is not Mechanism.UPDATABLE or route.q_len != 1 or modes.decode != "paged"
+            or not upstream.capturing()):  # fmt: skip
+        return None, None
+    if upstream.is_draft_model():
+        return None, (
+            "a draft graph resolves its tasks from upstream's own draft parameter list "
+            "(SharedSource(draft_model_metadata)), never from graphbuf's provider"
+        )
+    entry = "AscendAttentionBackendImpl layer name"
+    name = read(impl, "kv_sharing_target_layer_name", entry) or read(impl, "_layer_name", entry)
+    if not name:
+        return None, "the layer has no name yet (forward sets _layer_name), so no provider can find its batch"
+    register_task = read(sys.modules[upstream.UPDATABLE_MODULE], "register_task", "register_task")
+    return functools.partial(_register, register_task, provider=DecodeParamProvider(str(name))), None
+
+
+def _register(register_task: Any, operation: Any, kwargs: dict[str, Any], *, provider: Any) -> None:
+    register_task(operation, kwargs, provider)
+
+
+def _mechanism() -> Mechanism:
+    decided = activation.current()
+    return Mechanism.LEGACY if decided is None else decided.mechanism
+
+
+_owners_logged: set[int] = set()
+
+
+def _log_owner(builder: Any, decided: activation.Activation | None) -> None:
+    """One INFO line per large-head KV group: which layers, and whether graphbuf or upstream owns them."""
+    if decided is None or id(builder) in _owners_logged:
+        return
+    _owners_logged.add(id(builder))
+    layers = read(builder, "layer_names", _BUILDER)
+    logger.info(
+        "graphbuf: large-head layers %s are routed by %s (%s; update mechanism %s)",
+        ", ".join(map(str, layers)) or "(none)",
+        decided.owner,
+        decided.owner_reason,
+        decided.mechanism.value,
+    )
 
 
 def _routes(containers: Any) -> list[Route]:

@@ -6,12 +6,19 @@ through :func:`read`, which raises :class:`UpstreamError` naming the table entry
 default. This module imports only the standard library and ``graphbuf.errors`` (itself standard-library
 only) at import time.
 
-Checked on: vllm-ascend 0.23.0.post1 + vLLM 0.23.0 ("0.23") and vllm-ascend main 182b75ea + vLLM 0.27.1
-("main"), by the real-module tests of both (``tests/integration/real_vllm_ascend``).
+Checked on: vllm-ascend 0.23.0.post1 + vLLM 0.23.0 ("0.23"), vllm-ascend main 182b75ea + vLLM 0.27.1
+("main") and the reconstructed UpdatableGraph tree + vLLM 0.28.0 ("upd", standing for vllm-ascend 0.30+), by
+the real-module tests (``tests/integration/real_vllm_ascend``).
+
+The update mechanism (:func:`detect_mechanism`) is decided from the surface, never from a version string:
+``UPDATABLE`` when all of ``UPDATABLE_PARTS`` are present, ``LEGACY`` when none is, and a miss naming what is
+missing when only some are. Rows marked "legacy" or "upd" in the table are checked only under that mechanism.
 
 Modules: ``av1`` = vllm_ascend.attention.attention_v1, ``autils`` = vllm_ascend.attention.utils, ``afc`` =
 vllm_ascend.ascend_forward_context, ``vfc`` = vllm.forward_context, ``vcfg`` = vllm.config, ``vkv`` =
-vllm.v1.kv_cache_interface. Checked: 0.23 = 0.23.0.post1 + vLLM 0.23.0, main = 182b75ea + vLLM 0.27.1.
+vllm.v1.kv_cache_interface, ``aug`` = vllm_ascend.compilation.updatable_graph, ``acl`` =
+vllm_ascend.compilation.acl_graph, ``autl`` = vllm_ascend.utils. Checked: 0.23 = 0.23.0.post1 + vLLM 0.23.0,
+main = 182b75ea + vLLM 0.27.1, upd = the UpdatableGraph reconstruction (daa6441) + vLLM 0.28.0.
 
 =========================================================================  ========  =========
 name (what graphbuf reads)                                                 where     checked
@@ -19,7 +26,14 @@ name (what graphbuf reads)                                                 where
 ``AscendAttentionBackendImpl.forward_impl(self, query, key, value,         av1       0.23 main
 kv_cache, attn_metadata, output)``
 ``AscendAttentionBackendImpl.update_graph_params``: a staticmethod of a    av1       0.23 main
-form in ``UPDATE_FORMS``
+form in ``UPDATE_FORMS`` (legacy only: graphbuf's re-issue wrapper)
+``register_task(operation, kwargs, provider)`` (upd only)                  aug       upd
+``ACLGraphWrapper._updatable_graph_replay(self, forward_context, graph)``  acl       upd
+(upd only)
+``use_updatable_graph(attn_backend)`` (upd only)                           autl      upd
+``AscendAttentionBackendImpl`` sets ``_layer_name`` and                    av1       upd
+``kv_sharing_target_layer_name`` (upd only: the provider's metadata key)
+``_EXTRA_CTX.is_draft_model`` in ``extra_attrs`` (upd only: draft graphs)  afc       upd
 ``AscendAttentionBackendImpl`` instance fields head_size, scale,           av1       0.23 main
 sliding_window, sinks, alibi_slopes, attn_type, key_cache, value_cache
 ``AscendAttentionMetadataBuilder.build(self, common_prefix_len,            av1       0.23 main
@@ -55,25 +69,35 @@ configs other than ModelSlim's do not have it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from graphbuf.errors import GraphbufError
 
 __all__ = [
+    "ACL_GRAPH_MODULE",
     "ATTENTION_MODULE",
     "FORWARD_CONTEXT_MODULE",
+    "LARGE_HEAD_PROVIDER",
     "SURFACE",
+    "UPDATABLE_MODULE",
+    "UPDATABLE_PARTS",
     "UPDATE_FORMS",
     "Entry",
+    "Mechanism",
     "UpstreamError",
     "capturing",
+    "detect_mechanism",
     "first_miss",
     "forward_context",
+    "is_draft_model",
     "read",
+    "upstream_large_head",
 ]
 
 ATTENTION_MODULE = "vllm_ascend.attention.attention_v1"
@@ -82,6 +106,27 @@ UTILS_MODULE = "vllm_ascend.attention.utils"
 FORWARD_CONTEXT_MODULE = "vllm.forward_context"
 CONFIG_MODULE = "vllm.config"
 KV_SPEC_MODULE = "vllm.v1.kv_cache_interface"
+UPDATABLE_MODULE = "vllm_ascend.compilation.updatable_graph"
+ACL_GRAPH_MODULE = "vllm_ascend.compilation.acl_graph"
+ASCEND_UTILS_MODULE = "vllm_ascend.utils"
+
+LARGE_HEAD_PROVIDER = ("FIABnsdLargeHeadParamProvider", "full_graph_fia_bnsd_large_head")
+"""Upstream's own 512-dim decode route (the revised upstream PR, vllm-ascend 0.30+ if it lands): the
+provider class in the attention module and the impl's capture method. Either present means upstream routes
+large-head decode itself (:func:`upstream_large_head`)."""
+
+
+class Mechanism(str, Enum):
+    """How the running vllm-ascend updates a FULL graph's attention tasks before a replay."""
+
+    LEGACY = "update_graph_params"
+    """Up to 0.29 (0.23.0.post1, main 182b75ea): the model runner calls
+    ``AscendAttentionBackendImpl.update_graph_params`` before each replay; graphbuf wraps it."""
+    UPDATABLE = "UpdatableGraph"
+    """0.30+: tasks are registered with the graph at capture (``register_task``) and
+    ``ACLGraphWrapper._updatable_graph_replay`` resolves each task's provider; ``update_graph_params`` is
+    never called for Ascend attention backends."""
+
 
 FORWARD_IMPL_PARAMS = ("self", "query", "key", "value", "kv_cache", "attn_metadata", "output")
 BUILD_PARAMS = ("self", "common_prefix_len", "common_attn_metadata", "fast_build")
@@ -109,11 +154,13 @@ class UpstreamError(GraphbufError, RuntimeError):
 @dataclass(frozen=True)
 class Entry:
     """One row of the surface table: ``name`` (what is read), ``where`` (module), ``check`` (returns a
-    miss description or None, given the imported modules by name)."""
+    miss description or None, given the imported modules by name), ``mechanisms`` (when it is read)."""
 
     name: str
     where: str
     check: Callable[[dict[str, Any]], str | None]
+    mechanisms: frozenset[Mechanism] = frozenset(Mechanism)
+    """The update mechanisms under which the row is read (both by default)."""
 
 
 def _params(func: Any) -> tuple[str, ...]:
@@ -267,11 +314,49 @@ def _config_check(modules: dict[str, Any]) -> str | None:
     return None
 
 
+def _params_check(module: str, path: str, params: tuple[str, ...]) -> Callable[[dict[str, Any]], str | None]:
+    """``module.<path>`` (``Class.method`` or a function) exists and its parameters start with ``params``."""
+
+    def check(modules: dict[str, Any]) -> str | None:
+        obj: Any = modules[module]
+        for piece in path.split("."):
+            obj = obj.__dict__.get(piece) if hasattr(obj, "__dict__") else None
+            if obj is None:
+                return f"{module}.{path} is missing"
+        found = _params(obj)
+        if found[: len(params)] != params:
+            return f"{path} takes ({', '.join(found)}), graphbuf calls it as ({', '.join(params)})"
+        return None
+
+    return check
+
+
+def _draft_flag_check(modules: dict[str, Any]) -> str | None:
+    extra = modules[EXTRA_CONTEXT_MODULE].__dict__.get("_EXTRA_CTX")
+    if "is_draft_model" not in getattr(type(extra), "extra_attrs", ()):
+        return f"{EXTRA_CONTEXT_MODULE}._EXTRA_CTX does not list 'is_draft_model' in extra_attrs"
+    return None
+
+
+_LEGACY = frozenset({Mechanism.LEGACY})
+_UPD = frozenset({Mechanism.UPDATABLE})
+
 SURFACE: tuple[Entry, ...] = (
     Entry("AscendAttentionBackendImpl.forward_impl", ATTENTION_MODULE,
           _signature_check(ATTENTION_MODULE, "AscendAttentionBackendImpl", "forward_impl",
                            FORWARD_IMPL_PARAMS)),
-    Entry("AscendAttentionBackendImpl.update_graph_params", ATTENTION_MODULE, _update_check),
+    Entry("AscendAttentionBackendImpl.update_graph_params", ATTENTION_MODULE, _update_check, _LEGACY),
+    Entry("register_task", UPDATABLE_MODULE,
+          _params_check(UPDATABLE_MODULE, "register_task", ("operation", "kwargs", "provider")), _UPD),
+    Entry("ACLGraphWrapper._updatable_graph_replay", ACL_GRAPH_MODULE,
+          _params_check(ACL_GRAPH_MODULE, "ACLGraphWrapper._updatable_graph_replay",
+                        ("self", "forward_context", "graph")), _UPD),
+    Entry("use_updatable_graph", ASCEND_UTILS_MODULE,
+          _params_check(ASCEND_UTILS_MODULE, "use_updatable_graph", ("attn_backend",)), _UPD),
+    Entry("AscendAttentionBackendImpl layer name", ATTENTION_MODULE,
+          _instance_fields_check(ATTENTION_MODULE, "AscendAttentionBackendImpl",
+                                 ("_layer_name", "kv_sharing_target_layer_name")), _UPD),
+    Entry("_EXTRA_CTX.is_draft_model", EXTRA_CONTEXT_MODULE, _draft_flag_check, _UPD),
     Entry("AscendAttentionBackendImpl instance fields", ATTENTION_MODULE,
           _instance_fields_check(ATTENTION_MODULE, "AscendAttentionBackendImpl",
                                  ("head_size", "scale", "sliding_window", "sinks", "alibi_slopes",
@@ -310,14 +395,23 @@ _MODULES = (ATTENTION_MODULE, EXTRA_CONTEXT_MODULE, UTILS_MODULE, FORWARD_CONTEX
             KV_SPEC_MODULE)  # fmt: skip
 
 
-def first_miss(attention_module: Any = None) -> str | None:
-    """Check the whole table; the first miss as ``"<entry> (<where>): <what>"``, or None when it all holds.
+def first_miss(attention_module: Any = None, mechanism: Mechanism | None = None) -> str | None:
+    """Check the table's rows for ``mechanism``; the first miss as ``"<entry> (<where>): <what>"``, or None
+    when they all hold.
 
     ``attention_module``: the imported ``ATTENTION_MODULE`` (None: ``sys.modules``, else imported). The
     other modules are imported (vLLM is loaded by then; the attention module imports them itself).
+    ``mechanism``: None detects it (:func:`detect_mechanism`); a half-present mechanism is the first miss.
     """
+    if mechanism is None:
+        try:
+            mechanism = detect_mechanism()[0]
+        except UpstreamError as exc:
+            return str(exc)
+    names = _MODULES + ((UPDATABLE_MODULE, ACL_GRAPH_MODULE, ASCEND_UTILS_MODULE)
+                        if mechanism is Mechanism.UPDATABLE else ())  # fmt: skip
     modules: dict[str, Any] = {}
-    for name in _MODULES:
+    for name in names:
         if name == ATTENTION_MODULE and attention_module is not None:
             modules[name] = attention_module
             continue
@@ -326,10 +420,85 @@ def first_miss(attention_module: Any = None) -> str | None:
         except ImportError as exc:
             return f"module {name} does not import: {exc}"
     for entry in SURFACE:
+        if mechanism not in entry.mechanisms:
+            continue
         miss = entry.check(modules)
         if miss is not None:
             return f"{entry.name} ({entry.where}): {miss}"
     return None
+
+
+UPDATABLE_PARTS: tuple[tuple[str, str], ...] = (
+    (UPDATABLE_MODULE, "register_task"),
+    (ACL_GRAPH_MODULE, "ACLGraphWrapper._updatable_graph_replay"),
+    (ASCEND_UTILS_MODULE, "use_updatable_graph"),
+)
+"""``(module, attribute)`` of the UpdatableGraph mechanism: all present = ``Mechanism.UPDATABLE``, none =
+``Mechanism.LEGACY``, some = a miss naming the missing ones (:func:`detect_mechanism`)."""
+
+
+def _optional_module(name: str) -> Any:
+    """The module ``name`` if it exists (imported now if needed), else None. A module that exists but fails
+    to import raises :class:`UpstreamError` naming it."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+    except (ImportError, ValueError):  # a missing parent package, or a module without __spec__
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise UpstreamError(f"{name} exists but does not import: {exc}") from exc
+
+
+def _has(module: Any, path: str) -> bool:
+    obj = module
+    for piece in path.split("."):
+        obj = getattr(obj, "__dict__", {}).get(piece)
+        if obj is None:
+            return False
+    return True
+
+
+def detect_mechanism() -> tuple[Mechanism, str]:
+    """The running vllm-ascend's update mechanism and the evidence, from the surface (``UPDATABLE_PARTS``),
+    never from a version string. :class:`UpstreamError` naming what is missing when the surface is
+    half-present (some parts, not all: neither path can be trusted)."""
+    found, missing = [], []
+    for module_name, attr in UPDATABLE_PARTS:
+        module = _optional_module(module_name)
+        (found if module is not None and _has(module, attr) else missing).append(f"{module_name}.{attr}")
+    if not missing:
+        return Mechanism.UPDATABLE, f"{', '.join(found)} present"
+    if not found:
+        return Mechanism.LEGACY, f"no {UPDATABLE_MODULE}: AscendAttentionBackendImpl.update_graph_params"
+    raise UpstreamError(
+        f"the UpdatableGraph update mechanism is half-present: {', '.join(found)} found but "
+        f"{', '.join(missing)} missing; graphbuf cannot tell how this vllm-ascend updates FULL-graph tasks "
+        "(a wrapper on update_graph_params would never be called, a registered task never resolved)"
+    )
+
+
+def upstream_large_head(attention_module: Any) -> str | None:
+    """What of upstream's own large-head route (``LARGE_HEAD_PROVIDER``) the attention module has, or None."""
+    provider, method = LARGE_HEAD_PROVIDER
+    impl = attention_module.__dict__.get("AscendAttentionBackendImpl")
+    present = [provider] if isinstance(attention_module.__dict__.get(provider), type) else []
+    if isinstance(impl, type) and any(method in vars(k) for k in impl.__mro__):
+        present.append(f"AscendAttentionBackendImpl.{method}")
+    return ", ".join(present) or None
+
+
+def is_draft_model() -> bool:
+    """vllm-ascend's forward context says the draft model runs (False outside a forward context)."""
+    if forward_context() is None:
+        return False
+    module = sys.modules.get(EXTRA_CONTEXT_MODULE) or importlib.import_module(EXTRA_CONTEXT_MODULE)
+    return bool(read(read(module, "_EXTRA_CTX", "_EXTRA_CTX.capturing"), "is_draft_model",
+                     "_EXTRA_CTX.is_draft_model"))  # fmt: skip
 
 
 _ABSENT = object()
@@ -341,7 +510,7 @@ def read(obj: Any, name: str, entry: str) -> Any:
     if value is _ABSENT:
         raise UpstreamError(
             f"upstream miss at run time: {type(obj).__module__}.{type(obj).__qualname__} has no {name!r} "
-            f"(surface entry {entry!r}, checked at activation on vllm-ascend 0.23.0.post1 and main 182b75ea)"
+            f"(surface entry {entry!r}, checked at activation)"
         )
     return value
 

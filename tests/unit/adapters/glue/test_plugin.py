@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from vllm_plugin_harness import ADAPTER_DIR, FAKE_ROOT, Runner, make_builder, original_calls
 
+import graphbuf.adapters.vllm_ascend.glue.activation as activation
 import graphbuf.adapters.vllm_ascend.glue.patch as patch
 import graphbuf.adapters.vllm_ascend.glue.plugin as plugin
 import graphbuf.adapters.vllm_ascend.glue.routing as routing
@@ -28,7 +29,7 @@ import graphbuf.adapters.vllm_ascend.glue.upstream as upstream
 # ------------------------------------------------------------------------------ module import hygiene
 
 
-STDLIB_ONLY = ("plugin.py", "patch.py", "routing.py", "upstream.py")
+STDLIB_ONLY = ("plugin.py", "patch.py", "routing.py", "upstream.py", "activation.py")
 """Adapter modules loaded by the plugin in every vLLM process: the standard library, each other and
 ``graphbuf.errors`` (itself standard-library only) only."""
 
@@ -59,12 +60,12 @@ def test_module_imports_only_the_standard_library(filename: str) -> None:
 
 def test_activate_patches_with_fake_tree_and_npu(fake_tree: Any) -> None:
     decision = plugin.activate(npu_available=True)
-    assert decision == "active: vllm-ascend 0.23.0; attention patch deferred"
+    assert decision == "active: vllm-ascend 0.23.0; attention patch deferred" + plugin._DEFERRED
     module = importlib.import_module("vllm_ascend.attention.attention_v1")
     assert patch.is_patched(module)
-    assert (
-        plugin.activate(npu_available=True) == "active: vllm-ascend 0.23.0; attention patch already applied"
-    )
+    again = plugin.activate(npu_available=True)
+    assert again.startswith("active: vllm-ascend 0.23.0; attention patch already applied; update mechanism ")
+    assert "update_graph_params" in again and "graphbuf routes the 512-dim" in again
 
 
 def test_activate_without_npu_changes_nothing(fake_tree: Any) -> None:
@@ -82,7 +83,10 @@ def test_activation_ignores_the_version_string_and_logs_it(
     monkeypatch.setattr(package, "__version__", "0.19.1rc2.dev1637+g182b75ea8")
     module = importlib.import_module("vllm_ascend.attention.attention_v1")
     decision = plugin.activate(npu_available=True)
-    assert decision == "active: vllm-ascend 0.19.1rc2.dev1637+g182b75ea8; attention patch applied"
+    assert decision.startswith(
+        "active: vllm-ascend 0.19.1rc2.dev1637+g182b75ea8; attention patch applied; update mechanism "
+        "update_graph_params (no vllm_ascend.compilation.updatable_graph"
+    )
     assert patch.is_patched(module)
 
 
@@ -222,21 +226,44 @@ def test_disable_variable_wins(fake_tree: Any, monkeypatch: pytest.MonkeyPatch) 
     assert not any(isinstance(finder, patch._PatchOnImport) for finder in sys.meta_path)
 
 
-def test_register_decides_once_and_logs_one_debug_line(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.fixture
+def announced(monkeypatch: pytest.MonkeyPatch) -> list[logging.LogRecord]:
+    """The activation line's records: announce() re-armed, its logger a plain one captured here (vLLM's
+    own handler is checked by the discovery tests below, in subprocesses)."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("graphbuf.tests.activation")
+    logger.setLevel(logging.DEBUG)
+    handler = Keep()
+    logger.addHandler(handler)
+    monkeypatch.setattr(activation, "_announced", False)
+    monkeypatch.setattr(activation, "_logger", lambda: logger)
+    yield records
+    logger.removeHandler(handler)
+
+
+def test_register_decides_once_and_logs_one_info_line(
+    monkeypatch: pytest.MonkeyPatch, announced: list[logging.LogRecord]
 ) -> None:
     monkeypatch.setattr(plugin, "_decision", None)
     calls: list[None] = []
     monkeypatch.setattr(plugin, "activate", lambda: calls.append(None) or "inactive: stubbed")
-    with caplog.at_level(logging.DEBUG, logger=plugin.__name__):
-        plugin.register()
-        plugin.register()
+    plugin.register()
+    plugin.register()
     assert calls == [None]
     assert plugin.decision() == "inactive: stubbed"
-    assert [r.getMessage() for r in caplog.records] == ["graphbuf vllm-ascend plugin: inactive: stubbed"]
+    assert [(r.levelno, r.getMessage()) for r in announced] == [
+        (logging.INFO, "graphbuf vllm-ascend plugin: inactive: stubbed")
+    ]
 
 
-def test_register_never_raises(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_register_never_raises(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, announced: list[logging.LogRecord]
+) -> None:
     monkeypatch.setattr(plugin, "_decision", None)
 
     def broken() -> str:
@@ -246,7 +273,28 @@ def test_register_never_raises(monkeypatch: pytest.MonkeyPatch, caplog: pytest.L
     with caplog.at_level(logging.DEBUG, logger=plugin.__name__):
         plugin.register()
     assert plugin.decision() == "failed: AttributeError('torch_npu is half installed')"
-    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.DEBUG]
+    assert [r.levelno for r in caplog.records if r.name == plugin.__name__] == [logging.WARNING]
+    assert [r.getMessage() for r in announced] == [f"graphbuf vllm-ascend plugin: {plugin.decision()}"]
+
+
+def test_a_deferred_activation_logs_its_info_line_when_the_module_is_patched(
+    fake_tree: Any, monkeypatch: pytest.MonkeyPatch, announced: list[logging.LogRecord]
+) -> None:
+    """Section 7: register() waits for the attention module; the one INFO line comes at its import and says
+    active, the mechanism, what graphbuf routes and what upstream owns."""
+    monkeypatch.setattr(plugin, "_decision", None)
+    monkeypatch.setattr(plugin, "activate", lambda: _real_activate(npu_available=True))
+    plugin.register()
+    assert announced == []  # deferred: nothing decided about the mechanism yet
+    importlib.import_module("vllm_ascend.attention.attention_v1")
+    [line] = [r.getMessage() for r in announced]
+    assert line.startswith("graphbuf vllm-ascend plugin: active: vllm_ascend.attention.attention_v1 patched")
+    assert "update mechanism update_graph_params" in line
+    assert "graphbuf routes the 512-dim full-attention layers" in line and "upstream owns every other" in line
+    assert plugin.decision().startswith("active:")
+
+
+_real_activate = plugin.activate
 
 
 def test_activate_on_this_cpu_machine_does_not_touch_torch_npu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -291,7 +339,11 @@ def run_discovery(tmp_path: Path, **env_overrides: str) -> tuple[dict[str, Any],
             f"entry point {plugin.ENTRY_POINT_NAME} is not installed; run `pip install --no-deps -e .` "
             "in the repository root"
         )
-    env = {k: v for k, v in os.environ.items() if k not in (plugin.DISABLE_ENV, "VLLM_PLUGINS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (plugin.DISABLE_ENV, "VLLM_PLUGINS", "VLLM_LOGGING_LEVEL")
+    }
     env.update(VLLM_TARGET_DEVICE="cpu", VLLM_PLUGINS=plugin.ENTRY_POINT_NAME, **env_overrides)
     proc = subprocess.run(
         [sys.executable, "-c", DISCOVERY_SCRIPT],
@@ -306,11 +358,10 @@ def run_discovery(tmp_path: Path, **env_overrides: str) -> tuple[dict[str, Any],
         pytest.skip(f"vllm is not importable: {proc.stdout.strip()}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [result_line] = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    decision_lines = [
-        line
-        for line in proc.stdout.splitlines()
-        if line.startswith(f"LOG|{plugin.__name__}|DEBUG|graphbuf vllm-ascend plugin:")
-    ]
+    output = (proc.stdout + proc.stderr).splitlines()
+    # an INFO record of vLLM's logger for the plugin (vLLM's own format: the new-user test below)
+    prefix = f"LOG|{activation.LOGGER_NAME}|INFO|graphbuf vllm-ascend plugin:"  # the script's format
+    decision_lines = [line for line in output if line.startswith(prefix)]
     return json.loads(result_line.removeprefix("RESULT ")), decision_lines
 
 
@@ -345,3 +396,32 @@ def test_vllm_discovery_respects_the_disable_variable(tmp_path: Path) -> None:
     assert result["decision"].startswith(f"disabled by {plugin.DISABLE_ENV}=1")
     assert len(lines) == 1 and f"disabled by {plugin.DISABLE_ENV}=1" in lines[0]
     assert result["torch_npu"] is False
+
+
+NEW_USER_SCRIPT = r"""
+import vllm.logger
+vllm.logger._configure_vllm_root_logger()  # what vLLM's entry points do first (env config, no CLI flags)
+import vllm.plugins
+vllm.plugins.load_general_plugins()
+"""
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_a_new_user_sees_one_info_line_at_vllms_default_logging_level(tmp_path: Path) -> None:
+    """Section 7, tried as a new user would: vLLM's own logging configuration at its default level (no
+    VLLM_LOGGING_LEVEL), plugins loaded: exactly one INFO line from graphbuf, in vLLM's format, saying
+    whether it is active and why."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (plugin.DISABLE_ENV, "VLLM_PLUGINS", "VLLM_LOGGING_LEVEL")
+    }
+    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_PLUGINS=plugin.ENTRY_POINT_NAME)
+    proc = subprocess.run([sys.executable, "-c", NEW_USER_SCRIPT], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "graphbuf" in line]
+    assert len(lines) == 1, lines
+    assert " INFO " in lines[0] and "[activation.py:" in lines[0]
+    assert "graphbuf vllm-ascend plugin: inactive: vllm_ascend is not importable" in lines[0]
