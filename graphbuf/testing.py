@@ -1,7 +1,8 @@
 """Hypothesis strategies for any graphbuf spec: live batches a refresh accepts, batches it must reject, specs.
 
-Hypothesis is an optional dependency (the ``test`` extra: ``pip install 'graphbuf[test]'``); importing this
-module without it raises ImportError saying so. A user's own property test::
+Hypothesis is a dependency of graphbuf (the drill draws its batches with it); ``import graphbuf`` alone
+never imports it, and importing this module where it is missing raises ImportError saying how to install
+it. A user's own property test::
 
     from hypothesis import given
     from graphbuf import StaticBuffers
@@ -30,11 +31,11 @@ try:
     from hypothesis.strategies import SearchStrategy
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess without Hypothesis
     raise ImportError(
-        "graphbuf.testing needs Hypothesis, an optional dependency of graphbuf; install the test extra: "
-        "pip install 'graphbuf[test]'"
+        "graphbuf.testing needs Hypothesis, a dependency of graphbuf; reinstall graphbuf with its "
+        "dependencies, from the graphbuf clone: pip install -c constraints.txt -e ."
     ) from exc
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -165,6 +166,13 @@ class Batch:
         """The keyword arguments a refresh needs besides ``(size, sources)``."""
         return {"num_reqs": self.num_reqs} if self.needs_num_reqs else {}
 
+    def __repr__(self) -> str:
+        return f"Batch(size={self.size}, num_reqs={self.num_reqs}, sources={show_sources(self.sources)})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Hypothesis prints a failing example with this (not the expression that built it)."""
+        printer.text(repr(self))
+
 
 @dataclass(frozen=True)
 class Rejected:
@@ -185,6 +193,27 @@ class Rejected:
     def kwargs(self) -> dict[str, int]:
         """The keyword arguments the refresh takes besides ``(size, sources)``."""
         return {"num_reqs": self.num_reqs} if self.needs_num_reqs else {}
+
+    def __repr__(self) -> str:
+        return (
+            f"Rejected(size={self.size}, num_reqs={self.num_reqs}, error={self.error.__name__}, "
+            f"reason={self.reason!r}, sources={show_sources(self.sources)})"
+        )
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
+
+def show_sources(sources: Mapping[str, Any]) -> str:
+    """``sources`` as a readable dict: each array or tensor as its nested list of values, with its dtype
+    unless it is int64, float64 or bool."""
+    parts = []
+    for name, src in sources.items():
+        values = src.tolist() if hasattr(src, "tolist") else src
+        dtype = str(getattr(src, "dtype", "")).removeprefix("torch.")
+        shown = f"{values!r}" if dtype in ("", "int64", "float64", "bool") else f"{values!r} ({dtype})"
+        parts.append(f"{name!r}: {shown}")
+    return "{" + ", ".join(parts) + "}"
 
 
 def _plan(buffers: Any, call: str) -> Plan:

@@ -108,6 +108,13 @@ class DecodeBatch:
         """Live requests."""
         return len(self.lens)
 
+    def __repr__(self) -> str:
+        return f"DecodeBatch(live={self.live}, lens={self.lens}, blocks={self.blocks})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Hypothesis prints a failing example with this."""
+        printer.text(repr(self))
+
     def size_for(self, live: int | None = None) -> int:
         """The smallest capture size that holds ``live`` (default: the live) requests."""
         n = self.live if live is None else live

@@ -214,11 +214,14 @@ class Plan:
         return out
 
     def workspace_selected(self, ws: WorkspacePlan) -> bool:
-        """Whether the task options select the route ``ws`` belongs to (True for a workspace of every route,
-        and for a route whose task declares no costs: counted, not guessed away)."""
+        """Whether the task options select the route ``ws`` belongs to: True for a workspace of every route
+        and for a route whose task declares no costs (counted, not guessed away); False when the spec has no
+        task of that name (nothing materializes it)."""
         if ws.route is None:
             return True
         task, mode = ws.route
+        if task not in {t.name for t in self.spec.tasks}:
+            return False
         costs = [c for name, c in self.route_costs(self.capture_sizes[0]) if name == task]
         return not costs or any(c.mode == mode and c.selected for c in costs)
 

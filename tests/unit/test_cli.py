@@ -438,7 +438,7 @@ def test_plan_totals_count_only_the_routes_the_options_select(
         assert f"not counted (routes the task options do not select): {other}, " in text
     bad_routes = (
         ("verify.sparse", "task 'verify' has no mode 'sparse'; its modes: blockwise, dense"),
-        ("nope.dense", "workspaces.verify_kv_dense.route: expected '<task>.<mode>'"),
+        ("dense", "workspaces.verify_kv_dense.route: expected '<task>.<mode>', got 'dense'"),
     )
     for route, fragment in bad_routes:
         path = tmp_path / "bad.yaml"

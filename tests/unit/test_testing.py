@@ -281,7 +281,7 @@ def test_graphbuf_works_without_hypothesis() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "ERROR graphbuf.testing needs Hypothesis" in run.stdout
-    assert "pip install 'graphbuf[test]'" in run.stdout
+    assert "pip install -c constraints.txt -e ." in run.stdout and "graphbuf[test]" not in run.stdout
     assert "EXIT 2" in run.stdout and "usage error: missing dependency: the module 'hypothesis'" in run.stderr
 
 
@@ -359,3 +359,38 @@ def test_a_batch_says_when_its_refresh_needs_num_reqs() -> None:
         with pytest.raises(bad.error) as info:
             sb.refresh(*bad, **bad.kwargs)
         assert type(info.value) is bad.error
+
+
+def test_a_failing_example_prints_the_batch_s_size_live_requests_and_sources(tmp_path: Path) -> None:
+    """Issue 33 §4: Hypothesis prints a failing Batch by its values (it printed ``Batch(s, {...}, live,
+    needs)``, the names in the expression that built it)."""
+    (tmp_path / "test_fails.py").write_text(
+        textwrap.dedent("""
+        from hypothesis import given, settings
+        from graphbuf import StaticBuffers
+        from graphbuf.testing import batches
+
+        buffers = StaticBuffers("gemma4-31b-it-mtp", overrides={"num_blocks": 64, "max_model_len": 512})
+
+        @settings(max_examples=50, database=None, derandomize=True)
+        @given(batches(buffers))
+        def test_fails(batch):
+            assert batch.num_reqs < 2
+    """)
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+         str(tmp_path / "test_fails.py")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    shown = re.search(r"batch=(Batch\(.*\)),\n", run.stdout)
+    assert shown, run.stdout[-3000:]
+    text = shown.group(1)
+    assert re.match(r"Batch\(size=\d+, num_reqs=2, sources=\{'block_table.sliding': \[\[", text), text
+    assert "'seq_lens': [" in text and "(int32)" in text and "Batch(s, " not in run.stdout
+    batch = Batch(4, {"lens": np.array([3, 5], dtype=np.int32), "ids": [1, 2]}, 2)
+    assert repr(batch) == "Batch(size=4, num_reqs=2, sources={'lens': [3, 5] (int32), 'ids': [1, 2]})"
+    assert repr(Rejected(4, {"lens": [9]}, 1, graphbuf.RowsError, "too many rows")) == (
+        "Rejected(size=4, num_reqs=1, error=RowsError, reason='too many rows', sources={'lens': [9]})"
+    )
