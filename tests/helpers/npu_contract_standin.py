@@ -20,7 +20,12 @@ document as not allowed, or what would fail or corrupt memory on a 910B. Each re
 * ``workspace``: FIA ``.out`` needs a workspace at least as large as ``_get_max_workspace`` gives for the KV
   lengths it runs with (the stand-in's model: grows with the longest KV length), and an lse tensor.
 * ``event``: a replay waits on every external event the capture waited on; one never recorded since the last
-  replay would block the device forever, so replay refuses.
+  replay would block the device forever, so replay refuses. With :data:`STATE` ``.queued_replays`` True
+  (the device's own order: a replay is queued, its waits block it until the events are recorded, which is
+  how UpdatableGraph's "replay, then update on the update stream" works), ``replay`` queues the graph
+  behind its unrecorded events, ``ExternalEvent.record`` runs it once every event it waits on is recorded,
+  and any host synchronization (``torch.npu.synchronize``, ``Stream.synchronize``, :func:`synchronize`), a
+  capture or another replay while it is still blocked refuses: there the device would hang.
 
 Tensors stay on the CPU; "npu" is a device *name* (PrivateUse1 renamed, irreversible in a process) so
 ``torch.device("npu:1")`` parses. The NPU code paths are selected by ``kernels.uses_npu_kernels``, which the
@@ -68,10 +73,22 @@ class Stream:
         STATE.log.append(("wait_stream", self.id, other.id))
 
     def synchronize(self) -> None:
-        pass
+        synchronize()
 
     def __repr__(self) -> str:
         return f"<standin Stream {self.id} on {self.device}>"
+
+
+def synchronize(device: Any = None) -> None:
+    """A host wait for the device: refuses while a queued replay waits on an event nobody recorded."""
+    blocked = STATE.blocked
+    if blocked is not None:
+        STATE.blocked = None
+        raise ContractError(
+            "event",
+            f"host synchronization while a replay waits on {len(_unrecorded(blocked))} external event(s) "
+            "nobody recorded: the device would hang here",
+        )
 
 
 def _index(device: Any) -> int:
@@ -108,6 +125,10 @@ class ExternalEvent:
         if STATE.update is not None and STATE.update.stream is stream:
             raise ContractError("event", "event recorded before graph_task_update_end on its stream")
         self.recorded = True
+        blocked = STATE.blocked
+        if blocked is not None and not _unrecorded(blocked):
+            STATE.blocked = None
+            blocked._run()
 
 
 @contextlib.contextmanager
@@ -305,6 +326,8 @@ class NPUGraph:
         self.replays = 0
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        if STATE.blocked is not None:
+            synchronize()
         s = current_stream()
         if STATE.capture is not None:
             raise ContractError("capture", "a capture is already underway")
@@ -321,14 +344,21 @@ class NPUGraph:
             raise ContractError("task-group", "capture ended with a task group open")
 
     def replay(self) -> None:
+        if STATE.blocked is not None:
+            synchronize()  # a replay queued behind a blocked one never starts either
+        if _unrecorded(self):
+            if STATE.queued_replays:
+                STATE.blocked = self
+                return
+            raise ContractError(
+                "event", "replay waits on an external event nobody recorded: the device would block"
+            )
+        self._run()
+
+    def _run(self) -> None:
         for entry in self.entries:
             if entry[0] == "wait":
-                event = entry[1]
-                if not event.recorded:
-                    raise ContractError(
-                        "event", "replay waits on an external event nobody recorded: the device would block"
-                    )
-                event.recorded = False
+                entry[1].recorded = False
         with _internal():
             for entry in self.entries:
                 if entry[0] == "aten":
@@ -349,6 +379,10 @@ class NPUGraph:
 
     def pool(self) -> tuple[str, int]:
         return ("pool", id(self))
+
+
+def _unrecorded(graph: NPUGraph) -> list[ExternalEvent]:
+    return [e[1] for e in graph.entries if e[0] == "wait" and not e[1].recorded]
 
 
 def _flat(value: Any) -> list[torch.Tensor]:
@@ -622,6 +656,8 @@ class _State:
         self.internal = False
         self.guard = _UpdateGuard()
         self.log: list[tuple[Any, ...]] = []
+        self.queued_replays = False
+        self.blocked: NPUGraph | None = None
 
     def capturing_graph(self, s: Stream) -> NPUGraph | None:
         capture = self.capture
@@ -643,7 +679,7 @@ def _module() -> tuple[types.ModuleType, types.ModuleType]:
     npu.manual_seed_all = lambda seed: None
     npu.device_count = lambda: STATE.devices
     npu.current_device = lambda: STATE.device
-    npu.synchronize = lambda device=None: None
+    npu.synchronize = synchronize
     npu.empty_cache = lambda: None
     npu.graph_pool_handle = lambda: ("pool", next(_ids))
     npu.is_current_stream_capturing = lambda: _capturing() is not None

@@ -310,7 +310,8 @@ class RoutedDecodes:
             entries: list[tuple[str, torch.Tensor]] = []
             for t in self.tasks(size):
                 args = t.task.tensor_args
-                names = _SOFTWARE_ARGS if t.npu is None else [f"kernel arg {i}" for i in range(len(args))]
+                software = len(args) == len(_SOFTWARE_ARGS) and t.npu is None
+                names = _SOFTWARE_ARGS if software else [f"kernel arg {i}" for i in range(len(args))]
                 entries += [(f"{t.label}: {n}", a) for n, a in zip(names, args, strict=True)]
                 entries += [(f"{t.label}: key_cache", t.caches[0]), (f"{t.label}: value_cache", t.caches[1])]
             self._watches[size] = Watch(entries)
