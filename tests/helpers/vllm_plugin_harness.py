@@ -14,12 +14,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import npu_contract_standin as standin
 import pytest
 import torch
 
 import graphbuf.adapters.vllm_ascend.bindings.routed_decode as routed_decode
+import graphbuf.adapters.vllm_ascend.glue.activation as activation
 import graphbuf.adapters.vllm_ascend.glue.patch as patch
 import graphbuf.adapters.vllm_ascend.glue.plugin as plugin
+from graphbuf.adapters.vllm_ascend.kernels import attention as attention_kernels
 
 FAKE_ROOT = Path(__file__).resolve().parent / "fake_vllm_ascend"
 FAKE_VLLM_MODULES = {
@@ -223,3 +226,137 @@ def run_layer(av1: Any, impl: Any, metadata: Any, num_tokens: int) -> tuple[torc
 
 def original_calls(av1: Any, name: str) -> list[Any]:
     return [detail for call, detail in av1.CALLS if call == name]
+
+
+UPDATABLE_DIR = FAKE_ROOT / "updatable"
+LAYERS = ("model.layers.5.self_attn.attn", "model.layers.11.self_attn.attn")
+HEAD = 512
+DTYPE = torch.bfloat16
+SIZE = 4  # the capture size (tokens = requests: decode)
+
+
+# ------------------------------------------------- UpdatableGraph fakes, the NPU stand-in, a routed model
+
+
+@pytest.fixture
+def npu_standin(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The stand-in as torch_npu / torch.npu; graphbuf's NPU kernels selected; replays queued as a device
+    queues them (UpdatableGraph replays, then updates)."""
+    standin.install(devices=1)
+    attention_kernels.npu_runtime.cache_clear()
+    monkeypatch.setattr(attention_kernels, "uses_npu_kernels", lambda tensor: True)
+    standin.STATE.queued_replays = True
+    try:
+        yield standin.STATE
+    finally:
+        standin.uninstall()
+        attention_kernels.npu_runtime.cache_clear()
+
+
+def _extra_context(monkeypatch: pytest.MonkeyPatch) -> Any:
+    extra = importlib.import_module("vllm_ascend.ascend_forward_context")
+    monkeypatch.setattr(type(extra._EXTRA_CTX), "extra_attrs", ("capturing", "is_draft_model"))
+    monkeypatch.setattr(extra._EXTRA_CTX, "is_draft_model", False, raising=False)
+    return extra._EXTRA_CTX
+
+
+def add_updatable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake 0.30+ modules (``fake_vllm_ascend/updatable/``) on the fake vllm_ascend's path."""
+    package = importlib.import_module("vllm_ascend")
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(UPDATABLE_DIR)])
+    _extra_context(monkeypatch)
+
+
+@pytest.fixture
+def upd_tree(fake_tree: Any, npu_standin: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The fake tree with the UpdatableGraph modules, patched; the modules as a namespace."""
+    add_updatable(monkeypatch)
+    monkeypatch.delenv(activation.OWNER_ENV, raising=False)
+    av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
+    assert patch.install() == "applied"
+    av1.CALLS.clear()
+    return SimpleNamespace(
+        av1=av1,
+        graph_module=importlib.import_module("vllm_ascend.compilation.updatable_graph"),
+        acl=importlib.import_module("vllm_ascend.compilation.acl_graph"),
+        extra=importlib.import_module("vllm_ascend.ascend_forward_context")._EXTRA_CTX,
+        context=sys.modules["vllm.forward_context"].CONTEXT,
+    )
+
+
+@pytest.fixture
+def legacy_tree(fake_tree: Any, npu_standin: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The fake tree as vllm-ascend up to 0.29 (no UpdatableGraph module), patched."""
+    monkeypatch.delenv(activation.OWNER_ENV, raising=False)
+    av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
+    assert patch.install() == "applied"
+    av1.CALLS.clear()
+    return SimpleNamespace(av1=av1, context=sys.modules["vllm.forward_context"].CONTEXT)
+
+
+# ------------------------------------------------------------------------------------------ a model
+
+
+class RoutedModel:
+    """Two routed layers of one KV group, driven as vllm-ascend drives them: build, forward (capture), and
+    per step build + replay through the mechanism under test."""
+
+    def __init__(self, tree: Any, seed: int = 0) -> None:
+        self.tree, self.av1 = tree, tree.av1
+        self.builder = make_builder(self.av1)
+        self.runner = Runner()
+        g = torch.Generator().manual_seed(seed)
+        self.impls = []
+        for name in LAYERS:
+            impl = make_impl(self.av1)
+            impl._layer_name = name  # what upstream's forward() sets before forward_impl
+            self.impls.append(impl)
+        shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD)
+        self.caches = [(torch.randn(shape, generator=g).to(DTYPE), torch.randn(shape, generator=g).to(DTYPE))
+                       for _ in LAYERS]  # fmt: skip
+        self.query = torch.randn(SIZE, NUM_HEADS, HEAD, generator=g).to(DTYPE)
+        self.outputs = [torch.zeros(SIZE, NUM_HEADS, HEAD, dtype=DTYPE) for _ in LAYERS]
+        self.graph: Any = None
+        self.lens: list[int] = []
+
+    def build(self, lens: list[int], table: list[list[int]] | None = None, padded_rows: Any = None) -> Any:
+        """A decode batch of ``len(lens)`` live requests padded to SIZE; the runner's padded rows hold
+        ``padded_rows`` (garbage a runner may leave there) when given."""
+        live = len(lens)
+        common = self.runner.common(self.av1, [1] * live, "DecodeOnly", padded_reqs=SIZE)
+        common.num_input_tokens = SIZE
+        self.runner.seq_lens[:live] = torch.tensor(lens, dtype=torch.int32)
+        rows = table or [[(r + c) % NUM_BLOCKS for c in range(WIDTH)] for r in range(live)]
+        self.runner.block_table[:live] = torch.tensor(rows, dtype=torch.int32)
+        if padded_rows is not None:
+            self.runner.seq_lens[live:SIZE] = padded_rows
+        self.lens, self.table = list(lens), [list(r) for r in rows]
+        metadata = self.builder.build(0, common)
+        self.tree.context.attn_metadata = dict.fromkeys(LAYERS, metadata)
+        return metadata
+
+    def forward(self, metadata: Any) -> None:
+        for impl, cache, out in zip(self.impls, self.caches, self.outputs, strict=True):
+            impl.forward_impl(self.query, None, None, cache, metadata, out)
+
+    def capture(self, metadata: Any, graph: Any) -> None:
+        set_capturing(True)
+        try:
+            with torch.no_grad(), torch.npu.graph(graph):
+                self.forward(metadata)
+        finally:
+            set_capturing(False)
+        self.graph = graph
+
+    def reference(self, layer: int) -> torch.Tensor:
+        """Paged decode of the live requests read from the runner's own table and lengths; pads give 0."""
+        kc, vc = self.caches[layer]
+        out = torch.zeros(SIZE, NUM_HEADS, HEAD)
+        for b, n in enumerate(self.lens):
+            ids = torch.tensor(self.table[b])
+            k = kc[ids].reshape(-1, NUM_KV_HEADS, HEAD)[:n].float()
+            v = vc[ids].reshape(-1, NUM_KV_HEADS, HEAD)[:n].float()
+            q = self.query[b].float()  # [Nq, D]; one KV head
+            p = torch.softmax(q @ k[:, 0].T * 0.125, dim=-1)
+            out[b] = p @ v[:, 0]
+        return out

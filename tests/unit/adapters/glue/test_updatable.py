@@ -20,164 +20,18 @@ from typing import Any
 import npu_contract_standin as standin
 import pytest
 import torch
-from vllm_plugin_harness import (
-    BLOCK_SIZE,
-    FAKE_ROOT,
-    NUM_BLOCKS,
-    NUM_HEADS,
-    NUM_KV_HEADS,
-    WIDTH,
-    Runner,
-    make_builder,
-    make_impl,
-    original_calls,
-    set_capturing,
-)
+from vllm_plugin_harness import HEAD, LAYERS, SIZE, WIDTH, add_updatable, original_calls, set_capturing
+from vllm_plugin_harness import RoutedModel as Model
 
 import graphbuf.adapters.vllm_ascend.glue.activation as activation
 import graphbuf.adapters.vllm_ascend.glue.patch as patch
 import graphbuf.adapters.vllm_ascend.glue.plugin as plugin
 import graphbuf.adapters.vllm_ascend.glue.routing as routing
 import graphbuf.adapters.vllm_ascend.glue.upstream as upstream
-from graphbuf.adapters.vllm_ascend.kernels import attention as kernels
 from graphbuf.errors import ConcurrentUseError, LivenessError, RefreshError, WidthError
 
-UPDATABLE_DIR = FAKE_ROOT / "updatable"
-LAYERS = ("model.layers.5.self_attn.attn", "model.layers.11.self_attn.attn")
-HEAD = 512
-DTYPE = torch.bfloat16
-SIZE = 4  # the capture size (tokens = requests: decode)
-FIA_OUT = "npu_fused_infer_attention_score.out"
-
-
-# ----------------------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture
-def npu(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The stand-in as torch_npu / torch.npu; graphbuf's NPU kernels selected; replays queued as a device
-    queues them (UpdatableGraph replays, then updates)."""
-    standin.install(devices=1)
-    kernels.npu_runtime.cache_clear()
-    monkeypatch.setattr(kernels, "uses_npu_kernels", lambda tensor: True)
-    standin.STATE.queued_replays = True
-    try:
-        yield standin.STATE
-    finally:
-        standin.uninstall()
-        kernels.npu_runtime.cache_clear()
-
-
-def _extra_context(monkeypatch: pytest.MonkeyPatch) -> Any:
-    extra = importlib.import_module("vllm_ascend.ascend_forward_context")
-    monkeypatch.setattr(type(extra._EXTRA_CTX), "extra_attrs", ("capturing", "is_draft_model"))
-    monkeypatch.setattr(extra._EXTRA_CTX, "is_draft_model", False, raising=False)
-    return extra._EXTRA_CTX
-
-
-def _add_updatable(monkeypatch: pytest.MonkeyPatch, *, parts: tuple[str, ...] = ("all",)) -> None:
-    """The fake 0.30+ modules on the fake vllm_ascend's path (all of them, or a half-present surface)."""
-    package = importlib.import_module("vllm_ascend")
-    monkeypatch.setattr(package, "__path__", [*package.__path__, str(UPDATABLE_DIR)])
-    _extra_context(monkeypatch)
-
-
-@pytest.fixture
-def upd(fake_tree: Any, npu: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The fake tree with the UpdatableGraph modules, patched; the modules as a namespace."""
-    _add_updatable(monkeypatch)
-    monkeypatch.delenv(activation.OWNER_ENV, raising=False)
-    av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
-    assert patch.install() == "applied"
-    av1.CALLS.clear()
-    return SimpleNamespace(
-        av1=av1,
-        graph_module=importlib.import_module("vllm_ascend.compilation.updatable_graph"),
-        acl=importlib.import_module("vllm_ascend.compilation.acl_graph"),
-        extra=importlib.import_module("vllm_ascend.ascend_forward_context")._EXTRA_CTX,
-        context=sys.modules["vllm.forward_context"].CONTEXT,
-    )
-
-
-@pytest.fixture
-def legacy(fake_tree: Any, npu: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The fake tree as vllm-ascend up to 0.29 (no UpdatableGraph module), patched."""
-    monkeypatch.delenv(activation.OWNER_ENV, raising=False)
-    av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
-    assert patch.install() == "applied"
-    av1.CALLS.clear()
-    return SimpleNamespace(av1=av1, context=sys.modules["vllm.forward_context"].CONTEXT)
-
-
-# ------------------------------------------------------------------------------------------ a model
-
-
-class Model:
-    """Two routed layers of one KV group, driven as vllm-ascend drives them: build, forward (capture), and
-    per step build + replay through the mechanism under test."""
-
-    def __init__(self, tree: Any, seed: int = 0) -> None:
-        self.tree, self.av1 = tree, tree.av1
-        self.builder = make_builder(self.av1)
-        self.runner = Runner()
-        g = torch.Generator().manual_seed(seed)
-        self.impls = []
-        for name in LAYERS:
-            impl = make_impl(self.av1)
-            impl._layer_name = name  # what upstream's forward() sets before forward_impl
-            self.impls.append(impl)
-        shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD)
-        self.caches = [(torch.randn(shape, generator=g).to(DTYPE), torch.randn(shape, generator=g).to(DTYPE))
-                       for _ in LAYERS]  # fmt: skip
-        self.query = torch.randn(SIZE, NUM_HEADS, HEAD, generator=g).to(DTYPE)
-        self.outputs = [torch.zeros(SIZE, NUM_HEADS, HEAD, dtype=DTYPE) for _ in LAYERS]
-        self.graph: Any = None
-        self.lens: list[int] = []
-
-    def build(self, lens: list[int], table: list[list[int]] | None = None, padded_rows: Any = None) -> Any:
-        """A decode batch of ``len(lens)`` live requests padded to SIZE; the runner's padded rows hold
-        ``padded_rows`` (garbage a runner may leave there) when given."""
-        live = len(lens)
-        common = self.runner.common(self.av1, [1] * live, "DecodeOnly", padded_reqs=SIZE)
-        common.num_input_tokens = SIZE
-        self.runner.seq_lens[:live] = torch.tensor(lens, dtype=torch.int32)
-        rows = table or [[(r + c) % NUM_BLOCKS for c in range(WIDTH)] for r in range(live)]
-        self.runner.block_table[:live] = torch.tensor(rows, dtype=torch.int32)
-        if padded_rows is not None:
-            self.runner.seq_lens[live:SIZE] = padded_rows
-        self.lens, self.table = list(lens), [list(r) for r in rows]
-        metadata = self.builder.build(0, common)
-        self.tree.context.attn_metadata = dict.fromkeys(LAYERS, metadata)
-        return metadata
-
-    def forward(self, metadata: Any) -> None:
-        for impl, cache, out in zip(self.impls, self.caches, self.outputs, strict=True):
-            impl.forward_impl(self.query, None, None, cache, metadata, out)
-
-    def capture(self, metadata: Any, graph: Any) -> None:
-        set_capturing(True)
-        try:
-            with torch.no_grad(), torch.npu.graph(graph):
-                self.forward(metadata)
-        finally:
-            set_capturing(False)
-        self.graph = graph
-
-    def reference(self, layer: int) -> torch.Tensor:
-        """Paged decode of the live requests read from the runner's own table and lengths; pads give 0."""
-        kc, vc = self.caches[layer]
-        out = torch.zeros(SIZE, NUM_HEADS, HEAD)
-        for b, n in enumerate(self.lens):
-            ids = torch.tensor(self.table[b])
-            k = kc[ids].reshape(-1, NUM_KV_HEADS, HEAD)[:n].float()
-            v = vc[ids].reshape(-1, NUM_KV_HEADS, HEAD)[:n].float()
-            q = self.query[b].float()  # [Nq, D]; one KV head
-            p = torch.softmax(q @ k[:, 0].T * 0.125, dim=-1)
-            out[b] = p @ v[:, 0]
-        return out
-
-
 TOL = {"rtol": 2e-2, "atol": 2e-2}
+FIA_OUT = "npu_fused_infer_attention_score.out"
 
 
 def _check_outputs(model: Model) -> None:
@@ -194,32 +48,34 @@ def _routed_capture(tree: Any, graph: Any) -> Model:
 # ------------------------------------------------------------------------------ §1 mechanism detection
 
 
-def test_the_mechanism_is_detected_from_the_surface_and_logged_once(upd: Any) -> None:
+def test_the_mechanism_is_detected_from_the_surface_and_logged_once(upd_tree: Any) -> None:
     decided = activation.current()
     assert decided is not None and decided.mechanism is upstream.Mechanism.UPDATABLE
     for module, attr in upstream.UPDATABLE_PARTS:
         assert f"{module}.{attr}" in decided.evidence
-    originals = upd.av1.AscendAttentionBackendImpl.__dict__[patch._ORIGINALS_ATTR]
+    originals = upd_tree.av1.AscendAttentionBackendImpl.__dict__[patch._ORIGINALS_ATTR]
     assert set(originals) == {"forward_impl"}  # update_graph_params left alone: upstream never calls it
     assert "update mechanism UpdatableGraph" in decided.describe()
-    assert upstream.first_miss(upd.av1) is None
+    assert upstream.first_miss(upd_tree.av1) is None
 
 
-def test_the_version_string_never_decides_the_mechanism(fake_tree: Any, npu: Any, monkeypatch: Any) -> None:
+def test_the_version_string_never_decides_the_mechanism(
+    fake_tree: Any, npu_standin: Any, monkeypatch: Any
+) -> None:
     """A 0.23 version string on a tree with the UpdatableGraph surface: UpdatableGraph; a 0.32 string on a
     tree without it: update_graph_params."""
     monkeypatch.setattr(importlib.import_module("vllm_ascend"), "__version__", "0.32.0rc1")
     assert upstream.detect_mechanism()[0] is upstream.Mechanism.LEGACY
-    _add_updatable(monkeypatch)
+    add_updatable(monkeypatch)
     monkeypatch.setattr(importlib.import_module("vllm_ascend"), "__version__", "0.23.0")
     assert upstream.detect_mechanism()[0] is upstream.Mechanism.UPDATABLE
 
 
 @pytest.mark.parametrize("drop", ["acl", "utils"])
 def test_a_half_present_mechanism_is_a_miss_naming_what_is_missing(
-    fake_tree: Any, npu: Any, monkeypatch: Any, caplog: Any, drop: str
+    fake_tree: Any, npu_standin: Any, monkeypatch: Any, caplog: Any, drop: str
 ) -> None:
-    _add_updatable(monkeypatch)
+    add_updatable(monkeypatch)
     if drop == "acl":
         acl = importlib.import_module("vllm_ascend.compilation.acl_graph")
         monkeypatch.delattr(acl.ACLGraphWrapper, "_updatable_graph_replay")
@@ -238,8 +94,10 @@ def test_a_half_present_mechanism_is_a_miss_naming_what_is_missing(
     assert not patch.is_patched(module)
 
 
-def test_an_updatable_surface_row_miss_names_the_row(fake_tree: Any, npu: Any, monkeypatch: Any) -> None:
-    _add_updatable(monkeypatch)
+def test_an_updatable_surface_row_miss_names_the_row(
+    fake_tree: Any, npu_standin: Any, monkeypatch: Any
+) -> None:
+    add_updatable(monkeypatch)
     extra = importlib.import_module("vllm_ascend.ascend_forward_context")
     monkeypatch.setattr(type(extra._EXTRA_CTX), "extra_attrs", ("capturing",))
     module = importlib.import_module("vllm_ascend.attention.attention_v1")
@@ -251,40 +109,40 @@ def test_an_updatable_surface_row_miss_names_the_row(fake_tree: Any, npu: Any, m
 # -------------------------------------------------------------------- §1 registration and providers
 
 
-def test_routed_decode_is_captured_through_register_task_and_follows_every_replay(upd: Any) -> None:
+def test_routed_decode_is_captured_through_register_task_and_follows_every_replay(upd_tree: Any) -> None:
     """Capture through upstream's register_task (one provider per layer, equal by value), then 6 steps whose
     batches grow, shrink and pad: the provider refreshes graphbuf's buffers and returns only seq_lens_kv,
     upstream's replay re-issues the task, the outputs follow the live lengths."""
-    graph = upd.graph_module.UpdatableGraph()
-    model = _routed_capture(upd, graph)
+    graph = upd_tree.graph_module.UpdatableGraph()
+    model = _routed_capture(upd_tree, graph)
     providers = [t.provider for t in graph.tasks]
     assert providers == [routing.DecodeParamProvider(name) for name in LAYERS]
     assert len(set(providers)) == 2 and hash(providers[0]) == hash(routing.DecodeParamProvider(LAYERS[0]))
     assert [[c.name for c in g.calls] for g in standin.STATE.groups] == [[FIA_OUT]] * 2
-    wrapper = upd.acl.ACLGraphWrapper(torch.npu.Stream(), upd.av1.AscendAttentionBackend)
+    wrapper = upd_tree.acl.ACLGraphWrapper(torch.npu.Stream(), upd_tree.av1.AscendAttentionBackend)
     route = None
     for step, lens in enumerate([[7, 2, 11], [12, 1], [4, 4, 4, 4], [3], [10, 6, 8], [1, 12]]):
         metadata = model.build(lens)
         route = getattr(metadata, routing.ROUTE_ATTR)
         assert route.staged is not None  # nothing written at build under UpdatableGraph
-        params = routing.DecodeParamProvider(LAYERS[0]).resolve(upd.context.attn_metadata)
+        params = routing.DecodeParamProvider(LAYERS[0]).resolve(upd_tree.context.attn_metadata)
         assert params == {"seq_lens_kv": [*lens, *[0] * (SIZE - len(lens))]}, step
-        wrapper.replay(upd.context, graph)
+        wrapper.replay(upd_tree.context, graph)
         assert standin.STATE.blocked is None  # the update released the replay
         _check_outputs(model)
         seq_lens = route.seq_lens.tolist()
         assert seq_lens == [*lens, *[0] * (SIZE - len(lens))]  # padded rows cleared
         assert not route.block_table[len(lens) :].any()
         assert route.group.decodes.updates_seen >= len(LAYERS)
-    assert original_calls(upd.av1, "update_graph_params") == []
+    assert original_calls(upd_tree.av1, "update_graph_params") == []
 
 
-def test_the_provider_refuses_a_too_wide_table_with_nothing_written(upd: Any) -> None:
-    graph = upd.graph_module.UpdatableGraph()
-    model = _routed_capture(upd, graph)
+def test_the_provider_refuses_a_too_wide_table_with_nothing_written(upd_tree: Any) -> None:
+    graph = upd_tree.graph_module.UpdatableGraph()
+    model = _routed_capture(upd_tree, graph)
     model.build([5, 6])
-    route = getattr(upd.context.attn_metadata[LAYERS[0]], routing.ROUTE_ATTR)
-    routing.DecodeParamProvider(LAYERS[0]).resolve(upd.context.attn_metadata)
+    route = getattr(upd_tree.context.attn_metadata[LAYERS[0]], routing.ROUTE_ATTR)
+    routing.DecodeParamProvider(LAYERS[0]).resolve(upd_tree.context.attn_metadata)
     before = (route.block_table.clone(), route.seq_lens.clone())
     wide = torch.zeros(SIZE, WIDTH + 2, dtype=torch.int32)
     staged = route.staged
@@ -294,36 +152,36 @@ def test_the_provider_refuses_a_too_wide_table_with_nothing_written(upd: Any) ->
     assert torch.equal(route.block_table, before[0]) and torch.equal(route.seq_lens, before[1])
 
 
-def test_a_provider_without_its_routed_batch_raises_naming_the_layer(upd: Any) -> None:
+def test_a_provider_without_its_routed_batch_raises_naming_the_layer(upd_tree: Any) -> None:
     with pytest.raises(
         upstream.UpstreamError, match=r"layer 'model.layers.5.self_attn.attn'.*must be routed"
     ):
         routing.DecodeParamProvider(LAYERS[0]).resolve({LAYERS[0]: SimpleNamespace()})
 
 
-def test_no_task_is_registered_in_a_draft_graph(upd: Any) -> None:
+def test_no_task_is_registered_in_a_draft_graph(upd_tree: Any) -> None:
     """A draft graph resolves from upstream's own draft parameter list: graphbuf registers nothing there and
     the size keeps upstream's path."""
-    upd.extra.is_draft_model = True
-    graph = upd.graph_module.UpdatableGraph()
-    model = Model(upd)
+    upd_tree.extra.is_draft_model = True
+    graph = upd_tree.graph_module.UpdatableGraph()
+    model = Model(upd_tree)
     metadata = model.build([5, 9, 3])
     model.capture(metadata, graph)
     assert graph.tasks == []
-    assert original_calls(upd.av1, "forward_impl") == [HEAD] * len(LAYERS)
+    assert original_calls(upd_tree.av1, "forward_impl") == [HEAD] * len(LAYERS)
     route = getattr(metadata, routing.ROUTE_ATTR)
     assert "draft graph" in route.group.fallbacks[SIZE]
 
 
-def test_task_tensors_are_held_strongly_and_weak_references_refused(upd: Any) -> None:
+def test_vllm_ascend_16794_task_tensors_held_strongly_and_weak_references_refused(upd_tree: Any) -> None:
     """vllm-ascend #16794 (error 507011): upstream keeps only weak references to a task's kwargs, so graphbuf
     holds every workspace and buffer of its task for the capture's life, and refuses a weak one at capture."""
     import gc
     import weakref
 
-    graph = upd.graph_module.UpdatableGraph()
-    model = _routed_capture(upd, graph)
-    route = getattr(upd.context.attn_metadata[LAYERS[0]], routing.ROUTE_ATTR)
+    graph = upd_tree.graph_module.UpdatableGraph()
+    model = _routed_capture(upd_tree, graph)
+    route = getattr(upd_tree.context.attn_metadata[LAYERS[0]], routing.ROUTE_ATTR)
     held = [t.task.tensor_args for t in route.group.decodes.tasks(SIZE)]
     upstream_kwargs = graph.tasks[0].kwargs["tensors"]
     assert all(not t.untyped_storage().resizable() for t in upstream_kwargs if t.numel())  # weak upstream
@@ -331,7 +189,7 @@ def test_task_tensors_are_held_strongly_and_weak_references_refused(upd: Any) ->
     del held
     gc.collect()
     assert all(r() is not None for r in refs)  # graphbuf's DecodeTask keeps them
-    weak = upd.graph_module.weak_ref_tensors(model.query)  # the task's query is a view of it
+    weak = upd_tree.graph_module.weak_ref_tensors(model.query)  # the task's query is a view of it
     with pytest.raises(LivenessError, match=r"weak reference.*#16794"):
         route.group.decodes.run(
             model.impls[0], SIZE, True, weak, *model.caches[0], route.block_table, route.seq_lens,
@@ -342,15 +200,15 @@ def test_task_tensors_are_held_strongly_and_weak_references_refused(upd: Any) ->
 # ---------------------------------------------------------------------------- §2 never a silent hang
 
 
-def test_updatable_replay_without_provider_resolution_raises_at_the_next_step(upd: Any) -> None:
+def test_updatable_replay_without_provider_resolution_raises_at_the_next_step(upd_tree: Any) -> None:
     """The reconstructed tree's case (its runner never sets the wrapper's attn_backend, so
     use_updatable_graph is False): the replay runs without updates. Before: the device waits forever on the
     tasks' events (the stand-in: a host sync refuses). After: graphbuf's next build raises UpstreamError
     naming the mechanism and the layers."""
-    graph = upd.graph_module.UpdatableGraph()
-    model = _routed_capture(upd, graph)
+    graph = upd_tree.graph_module.UpdatableGraph()
+    model = _routed_capture(upd_tree, graph)
     model.build([5, 6])
-    upd.acl.ACLGraphWrapper(torch.npu.Stream(), attn_backend=None).replay(upd.context, graph)
+    upd_tree.acl.ACLGraphWrapper(torch.npu.Stream(), attn_backend=None).replay(upd_tree.context, graph)
     assert standin.STATE.blocked is graph  # the device is stuck behind the tasks' ExternalEvent waits
     with pytest.raises(upstream.UpstreamError) as caught:
         model.build([5, 6])
@@ -361,11 +219,11 @@ def test_updatable_replay_without_provider_resolution_raises_at_the_next_step(up
         torch.npu.synchronize()
 
 
-def test_legacy_replay_without_update_graph_params_raises_at_the_next_step(legacy: Any) -> None:
+def test_legacy_replay_without_update_graph_params_raises_at_the_next_step(legacy_tree: Any) -> None:
     """The downstream case on the legacy mechanism: a hook upstream no longer calls (update_graph_params).
     graphbuf's task waits on its own event; the next build raises naming the mechanism and the layers."""
     graph = torch.npu.NPUGraph()
-    model = _routed_capture(legacy, graph)
+    model = _routed_capture(legacy_tree, graph)
     model.build([5, 6])
     graph.replay()  # no update_graph_params before it
     assert standin.STATE.blocked is graph
@@ -373,13 +231,13 @@ def test_legacy_replay_without_update_graph_params_raises_at_the_next_step(legac
         model.build([5, 6])
 
 
-def test_legacy_replay_with_update_graph_params_counts_one_update_and_goes_on(legacy: Any) -> None:
+def test_legacy_replay_with_update_graph_params_counts_one_update_and_goes_on(legacy_tree: Any) -> None:
     graph = torch.npu.NPUGraph()
-    model = _routed_capture(legacy, graph)
+    model = _routed_capture(legacy_tree, graph)
     for lens in ([5, 6], [12, 1, 3], [2]):
         metadata = model.build(lens)
-        legacy.av1.AscendAttentionBackendImpl.update_graph_params(
-            torch.npu.Stream(), legacy.context, SIZE, None, None, draft_attn_metadatas=None
+        legacy_tree.av1.AscendAttentionBackendImpl.update_graph_params(
+            torch.npu.Stream(), legacy_tree.context, SIZE, None, None, draft_attn_metadatas=None
         )
         graph.replay()
         _check_outputs(model)
@@ -387,12 +245,12 @@ def test_legacy_replay_with_update_graph_params_counts_one_update_and_goes_on(le
 
 
 def test_the_downstream_hook_case_fails_loudly_on_both_mechanisms(
-    fake_tree: Any, npu: Any, monkeypatch: Any
+    fake_tree: Any, npu_standin: Any, monkeypatch: Any
 ) -> None:
     """A plugin's wrapper on update_graph_params (the hook graphbuf used before 0.30) is never called under
     UpdatableGraph; graphbuf no longer relies on it. Played here: graphbuf's legacy path forced onto an
     UpdatableGraph tree (what the pre-fix adapter did): the first replay blocks and the next build raises."""
-    _add_updatable(monkeypatch)
+    add_updatable(monkeypatch)
     monkeypatch.setattr(upstream, "detect_mechanism", lambda: (upstream.Mechanism.LEGACY, "forced"))
     av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
     assert patch.install() == "applied"
@@ -421,9 +279,9 @@ class FIABnsdLargeHeadParamProvider:
     ("env", "owner"), [(None, "upstream"), ("graphbuf", "graphbuf"), ("upstream", "upstream")]
 )
 def test_upstreams_large_head_provider_is_detected_and_the_switch_chooses(
-    fake_tree: Any, npu: Any, monkeypatch: Any, caplog: Any, env: str | None, owner: str
+    fake_tree: Any, npu_standin: Any, monkeypatch: Any, caplog: Any, env: str | None, owner: str
 ) -> None:
-    _add_updatable(monkeypatch)
+    add_updatable(monkeypatch)
     av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
     monkeypatch.setattr(av1, "FIABnsdLargeHeadParamProvider", FIABnsdLargeHeadParamProvider, raising=False)
     if env is None:
@@ -451,7 +309,7 @@ def test_upstreams_large_head_provider_is_detected_and_the_switch_chooses(
 
 
 def test_without_upstreams_provider_graphbuf_owns_by_default_and_a_bad_switch_is_refused(
-    fake_tree: Any, npu: Any, monkeypatch: Any
+    fake_tree: Any, npu_standin: Any, monkeypatch: Any
 ) -> None:
     monkeypatch.delenv(activation.OWNER_ENV, raising=False)
     assert activation.large_head_owner(None)[0] == "graphbuf"
@@ -465,15 +323,15 @@ def test_without_upstreams_provider_graphbuf_owns_by_default_and_a_bad_switch_is
 # ---------------------------------------------------------------------------------- sglang-omni #2160
 
 
-def test_sglang_omni_2160_two_threads_updating_one_graph_get_a_typed_error(upd: Any) -> None:
+def test_sglang_omni_2160_two_threads_updating_one_graph_get_a_typed_error(upd_tree: Any) -> None:
     """Two threads resolving one graph's providers at once: the second gets ConcurrentUseError, not a torn
     refresh (sglang-omni #2160)."""
     import threading
 
-    graph = upd.graph_module.UpdatableGraph()
-    model = _routed_capture(upd, graph)
+    graph = upd_tree.graph_module.UpdatableGraph()
+    model = _routed_capture(upd_tree, graph)
     model.build([5, 6])
-    route = getattr(upd.context.attn_metadata[LAYERS[0]], routing.ROUTE_ATTR)
+    route = getattr(upd_tree.context.attn_metadata[LAYERS[0]], routing.ROUTE_ATTR)
     inside, release = threading.Event(), threading.Event()
     group = route.group
     real_apply = type(group).apply
@@ -487,12 +345,12 @@ def test_sglang_omni_2160_two_threads_updating_one_graph_get_a_typed_error(upd: 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(type(group), "apply", slow_apply)
         first = threading.Thread(
-            target=lambda: routing.DecodeParamProvider(LAYERS[0]).resolve(upd.context.attn_metadata)
+            target=lambda: routing.DecodeParamProvider(LAYERS[0]).resolve(upd_tree.context.attn_metadata)
         )
         first.start()
         assert inside.wait(10)
         try:
-            routing.DecodeParamProvider(LAYERS[1]).resolve(upd.context.attn_metadata)
+            routing.DecodeParamProvider(LAYERS[1]).resolve(upd_tree.context.attn_metadata)
         except BaseException as exc:
             errors.append(exc)
         release.set()
@@ -501,9 +359,9 @@ def test_sglang_omni_2160_two_threads_updating_one_graph_get_a_typed_error(upd: 
     assert "another thread updates the same graph" in str(errors[0])
 
 
-def test_negative_runner_lengths_are_refused_with_nothing_written(upd: Any) -> None:
-    graph = upd.graph_module.UpdatableGraph()
-    _ = _routed_capture(upd, graph)
-    model = Model(upd)
+def test_negative_runner_lengths_are_refused_with_nothing_written(upd_tree: Any) -> None:
+    graph = upd_tree.graph_module.UpdatableGraph()
+    _ = _routed_capture(upd_tree, graph)
+    model = Model(upd_tree)
     with pytest.raises(RefreshError, match=r"must lie in \[0, 12\]"):
         model.build([5, -2])
