@@ -229,6 +229,7 @@ class BoundSources:
         w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
         prepared: list[Prepared] = []
         append = prepared.append
+        kernel = self._layout.kernel
         for (slot, arr, name, wide, width, watched, shape, strides), (max_rows, max_cols) in zip(
             self._unpacked, limits
         ):
@@ -244,7 +245,7 @@ class BoundSources:
                     return None
             else:
                 w = 0
-            if slot.bounded and rows and (w or not wide) and not live_fits(slot, arr, rows, w):
+            if slot.bounded and rows and (w or not wide) and not live_fits(kernel, slot, arr, rows, w):
                 return None
             # the whole source: its live region is [:rows, :w]
             append(_new_tuple(Prepared, (slot, arr, None, rows, w)))

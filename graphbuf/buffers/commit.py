@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from graphbuf.buffers import native
 from graphbuf.buffers.layout import Layout, Slot
 from graphbuf.buffers.validate import Prepared, prepared
 
@@ -171,7 +170,7 @@ class Committer:
             self._events[k].synchronize()  # the upload that last read this staging copy has finished
         targets = self._targets[k]
         touched = self._rectangles(prepared, size) if self.staged else None
-        kernel = native.KERNEL
+        kernel = self.layout.kernel
         moved = None
         if kernel is not None:
             moved = kernel.write(targets, prepared, self._ends[size], self._pads, self._rows, self._cols)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -73,8 +74,11 @@ class Slot:
 class Layout:
     """Every buffer of a plan as a :class:`Slot`, plus the facts refresh front-ends share."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, kernel: ModuleType | None = None) -> None:
         self.plan = plan
+        #: The refresh kernel (``graphbuf.buffers._native``) these buffers use, or None (numpy): chosen
+        #: once, when :class:`graphbuf.StaticBuffers` is built; every check and write reads it here.
+        self.kernel = kernel
         tpr = plan.tokens_per_request
         self.tokens_per_request = tpr
         self.max_requests = {s: s // tpr for s in plan.capture_sizes}

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphbuf.buffers import native
 from graphbuf.buffers.bound import BoundSources
 from graphbuf.buffers.layout import Layout
 from graphbuf.buffers.validate import Prepared, check_num_reqs, check_source, live_requests
@@ -69,7 +68,7 @@ def prepare_mapping(
     """
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
-    kernel = native.KERNEL  # every source accepted whole in one native call, or None: the loop below
+    kernel = layout.kernel  # every source accepted whole in one native call, or None: the loop below
     prepared = (
         kernel.accept_all(sources, layout.slots, size, num_reqs, Prepared, np.ndarray) if kernel else None
     )

@@ -45,6 +45,6 @@ def _load() -> tuple[ModuleType | None, ModuleType | None]:
 
 #: The compiled refresh kernel (:data:`KERNEL`) and staged-write host state (:data:`STAGED`:
 #: ``_staged.Staged``, ``_staged.commit``), or None (the numpy path; the Python host state of
-#: :mod:`graphbuf.buffers.staged`). Read at call time (STAGED: when a staged buffer is made), so tests may
-#: swap them.
+#: :mod:`graphbuf.buffers.staged`). :class:`graphbuf.StaticBuffers` reads both once, when it is built (its
+#: backend: ``layout.kernel`` and its staging area's host-state kind); nothing else reads them.
 KERNEL, STAGED = _load()

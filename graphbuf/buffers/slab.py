@@ -28,6 +28,7 @@ from graphbuf.buffers import (
     build_eager,
     check_num_reqs,
     count_of,
+    native,
     prepare_mapping,
     read_call,
     where,
@@ -114,14 +115,16 @@ class StaticBuffers:
                     t = t[:, : shape[1]]
                 views[b.name] = t
             self._views[s] = MappingProxyType(views)
-        self.layout = Layout(self.plan)
+        # The backend, chosen here once: the native kernels where built (graphbuf.buffers.native), else
+        # numpy and the Python host state. Nothing else decides.
+        self.layout = Layout(self.plan, native.KERNEL)
         self._labels = {s: where("refresh", s) for s in self.plan.capture_sizes}  # not formatted per call
         self._commit = Committer(self.layout, self.slab, full, staging=staging, dirty=poison)
         self._guard = Exclusive(
             "{call}: another thread is using these StaticBuffers (or BoundSources bound to them); use one "
             "StaticBuffers per thread or serialize the calls"
         )
-        self._staging = StagingArea(self.layout, self._commit, full, self.slab, self._guard)
+        self._staging = StagingArea(self.layout, self._commit, full, self.slab, self._guard, native.STAGED)
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:

@@ -59,7 +59,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphbuf.buffers import native
 from graphbuf.buffers.commit import Committer
 from graphbuf.buffers.layout import Layout, Slot
 from graphbuf.buffers.validate import Prepared, check_row, check_values, live_fits
@@ -512,6 +511,7 @@ class StagingArea:
         full: Mapping[str, torch.Tensor],
         slab: torch.Tensor,
         guard: Exclusive,
+        staged_kernel: ModuleType | None,
     ) -> None:
         self.layout = layout
         self.guard = guard
@@ -535,7 +535,7 @@ class StagingArea:
         self._cores: list[Any] = []
         self._core_targets: list[np.ndarray] = []
         self._native: ModuleType | None = None
-        self._kernel = native.STAGED  # the host state's kind, chosen once, with the buffers
+        self._kernel = staged_kernel  # the host state's kind, chosen with the buffers
 
     def buffer(self, name: Any) -> StagedBuffer:
         """The staged-write handle of buffer ``name`` (made on first use: its host state then takes the
@@ -666,7 +666,7 @@ class StagingArea:
                         ent = np.arange(shown, live, dtype=np.int64)
                     idx = np.concatenate((idx, ent)) if idx.size else ent
             vals = m.flat[idx]
-            if vals.size and (slot.bounded or slot.kind == "f") and not _fits(slot, vals):
+            if vals.size and (slot.bounded or slot.kind == "f") and not _fits(layout.kernel, slot, vals):
                 region = m.host[:live]
                 check_values(layout, slot, region, name, label)  # raises with a full refresh's message
             colmark = (core.colmax if m.wide else 0) if live else 0
@@ -801,10 +801,10 @@ class StagingArea:
         core.clear()
 
 
-def _fits(slot: Slot, vals: np.ndarray) -> bool:
+def _fits(kernel: ModuleType | None, slot: Slot, vals: np.ndarray) -> bool:
     """The staged values lie within ``min``/``max`` (and hold no NaN): one pass, kernel or numpy."""
     if slot.kind == "f":
         if np.isnan(vals).any():
             return False
         return (slot.lo is None or vals.min() >= slot.lo) and (slot.hi is None or vals.max() <= slot.hi)
-    return live_fits(slot, vals, vals.shape[0], 0)
+    return live_fits(kernel, slot, vals, vals.shape[0], 0)

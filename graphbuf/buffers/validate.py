@@ -11,12 +11,12 @@ from __future__ import annotations
 import numbers
 import operator
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from graphbuf.buffers import native
 from graphbuf.buffers.layout import NP_OF_TORCH, Layout, Slot, dtype_name
 from graphbuf.errors import RefreshError, RowsError, WidthError
 
@@ -99,7 +99,7 @@ def check_source(
     elif tp is torch.Tensor and src.is_cpu and src.dtype in NP_OF_TORCH and _plain(src):
         host = src.detach().numpy() if src.requires_grad else src.numpy()  # detach() costs a new tensor
     if host is not None and host.dtype in slot.fast:
-        kernel = native.KERNEL
+        kernel = layout.kernel
         cap = slot.capacity.get(size)
         if kernel is not None and cap is not None:  # the common case, whole in one native call
             got = kernel.accept(host, slot.ndim, cap[0], cap[1], slot.lo, slot.hi)
@@ -237,7 +237,7 @@ def _fitted(
         if (
             host.size
             and (slot.lo is not None or slot.hi is not None or host.dtype.kind == "f")
-            and not live_fits(slot, host, rows, width)
+            and not live_fits(layout.kernel, slot, host, rows, width)
         ):
             check_values(layout, slot, host, name, label)
         if slot.bf16:  # torch refuses negative strides, which numpy keeps on one-element and empty views
@@ -440,10 +440,9 @@ def values_fit(slot: Slot, arr: np.ndarray) -> bool:
     return hi is None or bool(_MAX(arr, None) <= hi)
 
 
-def live_fits(slot: Slot, arr: np.ndarray, rows: int, width: int) -> bool:
+def live_fits(kernel: ModuleType | None, slot: Slot, arr: np.ndarray, rows: int, width: int) -> bool:
     """:func:`values_fit` of the live region ``arr[:rows, :width]`` (1-D: ``arr[:rows]``) of a non-empty
-    region: in one native pass when the kernel is built and checks the dtype, else through numpy."""
-    kernel = native.KERNEL
+    region: in one pass of ``kernel`` (the buffers' refresh kernel) when it checks the dtype, else numpy."""
     if kernel is not None:
         fits = kernel.fit(arr, rows, width, slot.lo, slot.hi)
         if fits is not None:

@@ -14,23 +14,51 @@ import torch
 from graphbuf import GraphSpec, StaticBuffers
 from graphbuf.buffers import native
 
+_KERNEL_CALLS = ("fit", "accept", "accept_all", "write")
+
+
+def _kernel_used(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("the native kernel ran inside numpy_path(): these buffers were built outside it")
+
 
 @contextlib.contextmanager
-def numpy_path() -> Iterator[None]:
-    """Within the block, refreshes take the numpy path (``native.KERNEL`` None)."""
+def numpy_path(*given: StaticBuffers) -> Iterator[None]:
+    """Within the block, buffers take the numpy path: those built in it (the backend is chosen when
+    ``StaticBuffers`` is built: ``native.KERNEL`` None) and those ``given`` (switched for the block, as if
+    built without the kernel). The kernel's functions raise within it, so buffers that still hold the
+    kernel cannot pass a numpy-path test silently."""
     saved = native.KERNEL
     native.KERNEL = None
+    kernels = [sb.layout.kernel for sb in given]
+    for sb in given:
+        sb.layout.kernel = None
+    real = {name: getattr(saved, name) for name in _KERNEL_CALLS if hasattr(saved, name)}
+    for name in real:
+        setattr(saved, name, _kernel_used)
     try:
         yield
     finally:
+        for name, f in real.items():
+            setattr(saved, name, f)
+        for sb, k in zip(given, kernels):
+            sb.layout.kernel = k
         native.KERNEL = saved
 
 
+def twins(*args: Any, **kwargs: Any) -> tuple[StaticBuffers, StaticBuffers]:
+    """``StaticBuffers(*args, **kwargs)`` twice: with the native kernel (as built) and on the numpy path."""
+    nat = StaticBuffers(*args, **kwargs)
+    with numpy_path():
+        ref = StaticBuffers(*args, **kwargs)
+    return nat, ref
+
+
 @contextlib.contextmanager
-def path(kind: str) -> Iterator[None]:
-    """``"numpy"``: :func:`numpy_path`; ``"kernel"``: the kernel as built (skip where it is not)."""
+def path(kind: str, *given: StaticBuffers) -> Iterator[None]:
+    """``"numpy"``: :func:`numpy_path` (for ``given`` too); ``"kernel"``: the kernel as built (skip where it
+    is not)."""
     if kind == "numpy":
-        with numpy_path():
+        with numpy_path(*given):
             yield
         return
     if native.KERNEL is None:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))  # the 
 
 from conftest import SMALL_SPEC
 from paged_spec import PAGED_SPEC
-from pins import numpy_path
+from pins import numpy_path, twins
 from slab_oracle import expected_buffer
 
 from graphbuf import GraphbufError, GraphSpec, StaticBuffers
@@ -128,8 +128,7 @@ class Twins:
         self.spec = GraphSpec.model_validate(copy.deepcopy(spec))
         self.mode = mode
         self.rng = rng
-        self.kern = StaticBuffers(self.spec, poison=mode.poison, staging=mode.staging)
-        self.nump = StaticBuffers(self.spec, poison=mode.poison, staging=mode.staging)
+        self.kern, self.nump = twins(self.spec, poison=mode.poison, staging=mode.staging)
         self.plan: Plan = self.kern.plan
         self.tpr = self.plan.tokens_per_request
         self.sizes = self.plan.capture_sizes
@@ -149,7 +148,7 @@ class Twins:
                 k: (torch.from_numpy(v) if rng.random() < 0.5 else v) for k, v in self.persist.items()
             }
             self.bound_k = self.kern.bind(srcs)
-            with numpy_path():
+            with numpy_path(self.nump):
                 self.bound_n = self.nump.bind(srcs)
 
     # ------------------------------------------------------------------------------------------------
@@ -318,7 +317,7 @@ class Twins:
 
     def call(self, sb: StaticBuffers, sources: Any, kwargs: dict[str, Any], kernel: bool) -> str | None:
         src = (self.bound_k if kernel else self.bound_n) if sources == "bound" else sources
-        ctx = contextlib.nullcontext() if kernel else numpy_path()
+        ctx = contextlib.nullcontext() if kernel else numpy_path(sb)
         try:
             with ctx:
                 sb.refresh(self.size, src, **kwargs)

@@ -39,7 +39,7 @@ def test_a_bound_float_buffer_is_checked_for_nan_with_only_two_d_sources(kind: s
     w = np.ones((4, 2), np.float32)
     bt = np.zeros((4, 3), np.int32)
     bound = sb.bind({"w": w, "bt": bt})
-    with path(kind):
+    with path(kind, sb):
         bound.refresh(4, 3)
         w[1, 1] = np.nan
         before = contents(sb)
@@ -61,7 +61,7 @@ def test_a_fixed_rows_buffer_bound_to_a_longer_source_reads_its_capacity(kind: s
     fixed = np.arange(10, 15, dtype=np.int32)
     lens = np.arange(1, 6, dtype=np.int32)
     bound = sb.bind({"fixed": fixed, "lens": lens})
-    with path(kind):
+    with path(kind, sb):
         bound.refresh(4, 2)
         assert sb.full["fixed"].tolist() == [10, 11, 12]
         assert sb.full["lens"].tolist() == [1, 2, 0, 0]
@@ -81,7 +81,7 @@ def test_a_bound_width_above_the_allocation_is_rejected_or_cut(kind: str, overfl
     )  # fmt: skip
     src = np.arange(1, 4 * 6 + 1, dtype=np.int32).reshape(4, 6)
     bound = sb.bind({"bt": src})
-    with path(kind):
+    with path(kind, sb):
         bound.refresh(4, 2, widths={"bt": 3})  # exactly the allocation: accepted
         assert sb.full["bt"].tolist() == [[1, 2, 3], [7, 8, 9], [0, 0, 0], [0, 0, 0]]
         bound.refresh(4, 1, widths={"bt": 0})
@@ -113,7 +113,7 @@ def test_a_min_only_or_max_only_bound_is_checked_on_the_fast_path(
     sb = buffers({"lens": {"dtype": "int32", "rows": "requests", "pad": 0, **bound_}}, sizes=[4])
     lens = np.array([1, 2, 3, 4], np.int32)
     bound = sb.bind({"lens": lens})
-    with path(kind):
+    with path(kind, sb):
         bound.refresh(4, 3)
         lens[1] = bad
         before = contents(sb)
@@ -136,7 +136,7 @@ def test_eager_one_request_past_the_largest_capture_with_num_reqs(kind: str) -> 
     )  # fmt: skip
     n = 4 // 2 + 1  # largest capture: 2 requests; the table has 3 entries
     before = contents(sb)
-    with path(kind):
+    with path(kind, sb):
         out = sb.eager_inputs(2 * n, {"lens": [5, 6, 7], "qsl": [0, 1, 2, 3]}, num_reqs=n)
         assert out["lens"].tolist() == [5, 6, 7] and out["qsl"].tolist() == [0, 1, 2, 3]
         with pytest.raises(RefreshError, match=r"buffer 'qsl': 3 rows, but num_reqs implies 3 live requests"):
@@ -204,7 +204,7 @@ def test_eager_inputs_have_the_buffer_dtypes_shapes_and_padded_cells(kind: str) 
     bt = np.arange(15, dtype=np.int32).reshape(5, 3)
     w = np.arange(10, dtype=np.int8).reshape(5, 2)
     qsl = np.arange(6, dtype=np.int64)
-    with path(kind):
+    with path(kind, sb):
         out = sb.eager_inputs(7, {"bt": bt, "w": w, "qsl": qsl}, num_reqs=5)
     want = {
         "bt": expected_buffer((7, 4), bt, end=0, pad=-1, repeat_last=False, dtype=torch.int32),
@@ -232,7 +232,7 @@ def test_rows_past_the_table_and_fixed_rows_on_the_checked_path(kind: str) -> No
     fixed = np.array([4, 5, 6, 9], np.int32)
     f = np.ones((10, 3), np.float32)
     bound = sb.bind({"slots": slots, "fixed": fixed, "f": f})  # a float source: every refresh is checked
-    with path(kind):
+    with path(kind, sb):
         bound.refresh(2, 1, widths={"f": 2})
         assert sb.full["fixed"].tolist() == [4, 5, 6] and sb.full["slots"].tolist() == [0, 1]
         out = sb.eager_inputs(8, bound, num_reqs=4, widths={"f": 1})

@@ -25,7 +25,7 @@ def test_two_d_repeat_last_and_stale_rows_equal_the_oracle(kind: str, staging: i
     the pad or the repeated row replaced, the ``end > n`` test flipped) change a byte the oracle checks."""
     sb = buffers(REPEAT_2D, sizes=[2, 4, 8], staging=staging)
     rng = np.random.default_rng(3)
-    with path(kind):
+    with path(kind, sb):
         for size, n, w in ((8, 7, 3), (8, 2, 2), (4, 3, 1), (8, 1, 3), (2, 0, 0), (8, 5, 2), (8, 8, 3)):
             qsl = rng.integers(0, 100, (n + 1, w), dtype=np.int32)
             lens = rng.integers(0, 100, n, dtype=np.int32)
@@ -50,7 +50,7 @@ def test_one_d_repeat_last_and_stale_rows_equal_the_oracle(kind: str, staging: i
         sizes=[2, 4, 8], staging=staging,
     )  # fmt: skip
     rng = np.random.default_rng(5)
-    with path(kind):
+    with path(kind, sb):
         for size, n in ((8, 8), (8, 3), (4, 4), (2, 0), (8, 6), (2, 1)):
             qsl = rng.integers(0, 1000, n + 1, dtype=np.int64)
             lens = rng.integers(0, 100, n, dtype=np.int16)
@@ -72,7 +72,7 @@ def test_a_zero_wide_source_moves_no_bytes_of_its_buffer(kind: str, staging: int
     sb = buffers(
         {"bt": {"dtype": "int32", "rows": "requests", "cols": 4, "pad": 0}}, sizes=[4], staging=staging
     )
-    with path(kind):
+    with path(kind, sb):
         sb.refresh(4, {"bt": np.zeros((3, 0), dtype=np.int32)})
         assert sb.stats.last_bytes == 0
         sb.refresh(4, {"bt": np.ones((2, 3), dtype=np.int32)})
@@ -94,7 +94,7 @@ def test_a_source_viewing_another_buffer_is_read_before_that_buffer_is_written(k
         {"a": {"dtype": "int32", "rows": "requests", "max": 50}, "b": {"dtype": "int32", "rows": "requests"}},
         sizes=[4],
     )
-    with path(kind):
+    with path(kind, sb):
         sb.refresh(4, {"a": np.array([1, 2, 3], np.int32), "b": np.zeros(3, np.int32)})
         view = sb.full["a"][:3].numpy()
         sb.refresh(4, {"a": np.array([7, 8, 9], np.int32), "b": view})

@@ -27,7 +27,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pins import numpy_path
+from pins import numpy_path, twins
 
 import graphbuf
 from graphbuf import GraphSpec, StaticBuffers
@@ -69,9 +69,9 @@ def slab_bytes(sb: StaticBuffers) -> bytes:
 
 
 def both(nat: StaticBuffers, ref: StaticBuffers, op: Callable[[StaticBuffers], Any]) -> tuple[Any, ...]:
-    """Run ``op`` on ``nat`` (kernel) and ``ref`` (numpy path); assert the same outcome (result, or exception
-    type and message), the same buffer bytes and the same stats, and that a raising ``op`` changed no byte.
-    Return the outcome."""
+    """Run ``op`` on ``nat`` (kernel) and ``ref`` (numpy path; both from :func:`pins.twins`); assert the same
+    outcome (result, or exception type and message), the same buffer bytes and the same stats, and that a
+    raising ``op`` changed no byte. Return the outcome."""
     outcomes = []
     for sb, ctx in ((nat, nullcontext()), (ref, numpy_path())):
         before = slab_bytes(sb)
@@ -230,8 +230,7 @@ def test_kernel_and_numpy_refreshes_leave_the_same_bytes_stats_and_errors(
     p = graphbuf.plan(GraphSpec.model_validate(widen_bounds(data.draw, doc)))
     poison = data.draw(st.booleans(), label="poison")
     staging = data.draw(st.sampled_from((None, 2)), label="staging")
-    nat = StaticBuffers(p, poison=poison, staging=staging)
-    ref = StaticBuffers(p, poison=poison, staging=staging)
+    nat, ref = twins(p, poison=poison, staging=staging)
     arrays = data.draw(persistent(nat), label="bound arrays")
     bindable = nat.layout.required.issubset(arrays)
     bound = {id(nat): nat.bind(arrays), id(ref): ref.bind(arrays)} if bindable else {}
@@ -303,7 +302,7 @@ STEPS = ((8, 8, 4), (4, 3, 2), (2, 1, 1), (8, 5, 3), (8, 8, 4), (2, 2, 0))  # (s
 @pytest.mark.parametrize(("buffer_dtype", "source_dtype"), MATRIX, ids=[f"{s}->{b}" for b, s in MATRIX])
 def test_every_safe_dtype_pair_refreshes_to_the_same_bytes(buffer_dtype: str, source_dtype: str) -> None:
     spec = matrix_spec(buffer_dtype)
-    nat, ref = StaticBuffers(spec), StaticBuffers(spec)
+    nat, ref = twins(spec)
     rng = np.random.default_rng(len(buffer_dtype) * 31 + len(source_dtype))
     lo, hi = value_range(source_dtype)
     extremes = [lo, hi]
@@ -594,7 +593,7 @@ def test_refresh_rejects_a_negative_narrow_source_below_min_0() -> None:
         "capture": {"tokens_per_request": 1, "sizes": [2]},
         "buffers": {"x": {"dtype": "int32", "rows": "requests", "pad": 0, "min": 0, "max": 255}},
     })  # fmt: skip
-    nat, ref = StaticBuffers(spec), StaticBuffers(spec)
+    nat, ref = twins(spec)
     outcome = both(nat, ref, lambda sb: sb.refresh(2, {"x": np.array([-1, 3], np.int8)}))
     assert outcome[0] == "error" and outcome[1] is graphbuf.RefreshError
 
@@ -823,7 +822,7 @@ def test_bool_source_with_non_0_1_bytes(dtype: str) -> None:
         "capture": {"tokens_per_request": 1, "sizes": [2]},
         "buffers": {"x": {"dtype": dtype, "rows": "requests", "pad": False if dtype == "bool" else 0}},
     })  # fmt: skip
-    nat, ref = StaticBuffers(spec), StaticBuffers(spec)
+    nat, ref = twins(spec)
     bad = np.array([2, 1], np.uint8).view(np.bool_)
     assert both(nat, ref, lambda sb: sb.refresh(2, {"x": bad})) == ("ok", 2)
     if dtype != "bool":
@@ -863,7 +862,7 @@ def test_refresh_from_views_of_the_slab() -> None:
             "t": {"dtype": "int64", "rows": "requests", "cols": "w", "pad": 7},
         },
     })  # fmt: skip
-    nat, ref = StaticBuffers(spec), StaticBuffers(spec)
+    nat, ref = twins(spec)
     first = {"a": np.arange(8, dtype=np.int32), "b": np.arange(8, dtype=np.int32) * 3,
              "t": np.arange(32, dtype=np.int64).reshape(8, 4)}  # fmt: skip
     assert both(nat, ref, lambda sb: sb.refresh(8, first)) == ("ok", 8)
@@ -946,7 +945,7 @@ def test_large_refreshes_through_static_buffers(staging: int | None) -> None:
         "capture": {"tokens_per_request": 1, "sizes": [512, big]},
         "buffers": {"big": {"dtype": "int32", "rows": "requests", "cols": "width", "pad": -1, "min": -1}},
     })  # fmt: skip
-    nat, ref = StaticBuffers(spec, staging=staging), StaticBuffers(spec, staging=staging)
+    nat, ref = twins(spec, staging=staging)
     rng = np.random.default_rng(9)
     persistent_src = rng.integers(0, 1 << 30, size=(big + 6, 1100)).astype(np.int32)
     bound = {id(nat): nat.bind({"big": persistent_src}), id(ref): ref.bind({"big": persistent_src})}

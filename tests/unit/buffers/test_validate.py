@@ -20,11 +20,11 @@ def test_negative_int8_into_unsigned_shortcut_is_rejected_on_the_numpy_path() ->
     src = np.arange(BIG, dtype=np.int8)
     src[7] = -1
     before = contents(sb)
-    with numpy_path(), pytest.raises(RefreshError, match=r"value -1 at index \[7\] is below min 0"):
+    with numpy_path(sb), pytest.raises(RefreshError, match=r"value -1 at index \[7\] is below min 0"):
         sb.refresh(64, {"x": src})
     assert contents(sb) == before
     src[7] = 100  # without the -1 the same source is accepted
-    with numpy_path():
+    with numpy_path(sb):
         sb.refresh(64, {"x": src})
     assert sb.full["x"][:BIG].tolist() == src.tolist()
 
@@ -38,7 +38,7 @@ def test_bounds_error_names_the_first_offending_index(kind: str) -> None:
     low[[3, 9, 30]] = -4
     high = np.full(BIG, 5, dtype=np.int32)
     high[[4, 11, 31]] = 90
-    with path(kind):
+    with path(kind, sb):
         with pytest.raises(RefreshError, match=r"value -4 at index \[3\] is below min 0 \(min: 0\)"):
             sb.refresh(64, {"x": low})
         with pytest.raises(RefreshError, match=r"value 90 at index \[4\] is above max 50 \(max: 50\)"):
@@ -52,7 +52,7 @@ def test_rows_that_match_no_request_count_are_named(kind: str) -> None:
     sb = buffers({"slots": {"dtype": "int64", "rows": "tokens", "pad": -1}}, sizes=[4, 8], tpr=2)
     before = contents(sb)
     with (
-        path(kind),
+        path(kind, sb),
         pytest.raises(
             RefreshError,
             match=r"^refresh\(size=8\): buffer 'slots': 3 rows match no live request count "
@@ -61,7 +61,7 @@ def test_rows_that_match_no_request_count_are_named(kind: str) -> None:
     ):
         sb.refresh(8, {"slots": np.arange(3, dtype=np.int64)})
     assert contents(sb) == before
-    with path(kind):
+    with path(kind, sb):
         assert sb.refresh(8, {"slots": np.arange(4, dtype=np.int64)}) == 2  # 4 rows: 2 requests
 
 
@@ -114,6 +114,6 @@ def test_values_past_the_live_width_are_not_checked() -> None:
     src = np.ones((4, 6), np.int32)
     src[:, 5] = 1000  # stale, past the live width
     bound = sb.bind({"bt": src})
-    with numpy_path():
+    with numpy_path(sb):
         bound.refresh(4, 4, widths={"bt": 3})
     assert sb.full["bt"].tolist() == [[1, 1, 1, 0]] * 4
