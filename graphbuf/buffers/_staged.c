@@ -1102,8 +1102,127 @@ static PyTypeObject StagedType = {
     .tp_getset = st_getset,
 };
 
+/* ------------------------------------------------------------------------------------------ pack */
+
+typedef struct {
+    int64_t *idx;
+    int32_t *val;
+    Py_ssize_t k, cap;
+} Words;
+
+/* Element c of a host state (or the pad when pad is set) as 4-byte words at slab word base + c * words. */
+static inline void emit(Words *o, const Staged *s, int64_t base, int64_t c, int pad) {
+    int64_t per = s->isz / 4;
+    const char *src = pad ? s->pad : at(s, c);
+    for (int64_t w = 0; w < per; w++, o->k++) {
+        if (o->k >= o->cap) continue; /* counted: the caller retries with room */
+        o->idx[o->k] = base + c * per + w;
+        memcpy(&o->val[o->k], src + 4 * w, 4);
+    }
+}
+
+/* The cells one job's commit writes (changed cells of live rows, rows entering the live range over their
+ * used width, rows leaving it over the cleared columns as pad), as words. */
+static void pack_job(const Job *j, int64_t base, Words *o) {
+    const Staged *s = j->s;
+    int64_t w = s->width, keep = j->live < j->shown ? j->live : j->shown, lim = keep * w;
+    for (Py_ssize_t i = 0; i < s->nruns; i++) {
+        int64_t a = s->runs[2 * i], b = s->runs[2 * i + 1];
+        for (int64_t c = a; c < (b < lim ? b : lim); c++) emit(o, s, base, c, 0);
+    }
+    for (Py_ssize_t i = 0; i < s->ncells; i++)
+        if (s->cells[i] >= 0 && s->cells[i] < lim) emit(o, s, base, s->cells[i], 0);
+    for (int64_t r = j->shown; r < j->live; r++) {
+        int64_t a = r * w, b = a + (s->wide ? lens(s)[r] : 1);
+        for (int64_t c = a; c < b; c++) emit(o, s, base, c, 0);
+    }
+    int64_t cc = s->wide ? j->cols : 1;
+    for (int64_t r = j->live; r < j->shown; r++)
+        for (int64_t x = 0; x < cc; x++) emit(o, s, base, r * w + x, 1);
+}
+
+/* pack(cores, n, rows_of, cols_of, bases, arena) -> words | -words needed | None
+ *     The staged commit of n live requests for an upload (staging): after commit(..., False) passed, the
+ *     cells every core's commit writes go into arena (contiguous bytes, room for cap = len / 12 words) as
+ *     k slab word indices (int64 at [0, 8k): bases[i], the buffer's offset in 4-byte words, plus the
+ *     cell's words) then their k words (at [8k, 12k)), for one indexed write of the whole slab viewed as
+ *     int32 words. Returns k, marks updated and changes forgotten; or -needed with nothing changed when
+ *     the arena holds fewer; or None for an element size that is not a multiple of 4, or a core it cannot
+ *     read (the Python upload then runs). */
+static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "pack(cores, n, rows_of, cols_of, bases, arena) takes 6 arguments");
+        return NULL;
+    }
+    PyObject *cores = args[0], *rows_of = args[2], *cols_of = args[3], *bases = args[4];
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(cores) || n < 0 || !PyList_Check(rows_of) || !PyList_Check(cols_of) ||
+        !PyList_CheckExact(bases) || PyList_GET_SIZE(bases) != PyList_GET_SIZE(cores)) {
+        PyErr_SetString(PyExc_TypeError, "pack: cores and bases (as many) lists, n >= 0, marks lists");
+        return NULL;
+    }
+    Py_buffer ab;
+    if (PyObject_GetBuffer(args[5], &ab, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *result = NULL;
+    if ((uintptr_t)ab.buf % 8) {
+        PyErr_SetString(PyExc_ValueError, "pack: the arena must be 8-byte aligned");
+        goto out;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(cores), cap = ab.len / 12;
+    Words o = {(int64_t *)ab.buf, (int32_t *)((char *)ab.buf + 8 * cap), 0, cap};
+    for (int pass = 0; pass < 2; pass++) { /* 0: pack (and count); 1: marks, once everything fits */
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *c = PyList_GET_ITEM(cores, i);
+            if (!PyObject_TypeCheck(c, &StagedType)) {
+                PyErr_SetString(PyExc_TypeError, "pack: cores must be Staged");
+                goto out;
+            }
+            Staged *s = (Staged *)c;
+            Job j = {s, 0, 0, 0};
+            long long base = PyLong_AsLongLong(PyList_GET_ITEM(bases, i));
+            if (base == -1 && PyErr_Occurred()) goto out;
+            if (s->ntable < 0 || n >= s->ntable || s->isz % 4 || !get_mark(rows_of, s->index, &j.shown) ||
+                !get_mark(cols_of, s->index, &j.cols)) {
+                result = Py_NewRef(Py_None);
+                goto out;
+            }
+            j.live = (Py_ssize_t)s->table[n];
+            if (j.live < 0 || j.live > s->rows || j.shown < 0 || j.shown > s->rows || j.cols < 0 || j.cols > s->width) {
+                result = Py_NewRef(Py_None);
+                goto out;
+            }
+            if (!(s->nruns || s->ncells) && j.live == j.shown) continue;
+            if (pass == 0) {
+                pack_job(&j, base, &o);
+                continue;
+            }
+            PyObject *rv = PyLong_FromSsize_t(j.live);
+            PyObject *cv = PyLong_FromLongLong(j.live && s->wide ? s->colmax : 0);
+            if (!rv || !cv) {
+                Py_XDECREF(rv);
+                Py_XDECREF(cv);
+                goto out;
+            }
+            PyList_SetItem(rows_of, s->index, rv); /* steals; index checked by get_mark */
+            PyList_SetItem(cols_of, s->index, cv);
+            s->nruns = s->ncells = 0;
+        }
+        if (pass == 0 && o.k > o.cap) {
+            result = PyLong_FromSsize_t(-o.k);
+            goto out;
+        }
+    }
+    if (o.k) memmove((char *)ab.buf + 8 * o.k, o.val, (size_t)o.k * 4); /* the words right after the indices */
+    result = PyLong_FromSsize_t(o.k);
+out:
+    PyBuffer_Release(&ab);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"commit", CF(gb_commit), METH_FASTCALL, "Check (write False) or write (True) the staged cells of a refresh."},
+    {"pack", CF(gb_pack), METH_FASTCALL, "The staged cells of a refresh as slab words, for one upload."},
     {NULL, NULL, 0, NULL},
 };
 

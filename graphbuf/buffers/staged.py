@@ -535,6 +535,7 @@ class StagingArea:
         self._cores: list[Any] = []
         self._core_targets: list[np.ndarray] = []
         self._native: ModuleType | None = None
+        self._bases: list[int] = []  # staged: each core's buffer offset in 4-byte slab words
         self._kernel = staged_kernel  # the host state's kind, chosen with the buffers
 
     def buffer(self, name: Any) -> StagedBuffer:
@@ -585,6 +586,14 @@ class StagingArea:
             self._cores = [x._core for x in self._mirrors.values()]
             self._core_targets = [self._targets[x.name] for x in self._mirrors.values()]
             self._native = kernel
+        elif kernel is not None:  # staged: packed as 4-byte slab words, when every staged buffer is
+            words = all(
+                x._c.slot.itemsize % 4 == 0 and x._c.slot.plan.offset % 4 == 0 for x in self._mirrors.values()
+            )
+            self._cores = [x._core for x in self._mirrors.values()]
+            self._core_targets = [None] * len(self._cores)  # type: ignore[list-item]
+            self._bases = [x._c.slot.plan.offset // 4 for x in self._mirrors.values()]
+            self._native = kernel if words else None
         return h
 
     def host_sources(self, names: Iterable[str], size: int, n: int) -> dict[str, np.ndarray]:
@@ -614,12 +623,38 @@ class StagingArea:
         return kernel.commit(self._cores, n, rows, cols, self._core_targets, False) is True
 
     def write_native(self, n: int) -> None:
-        """Write the staged cells :meth:`check_native` passed, in place (after the full sources: a staged
-        buffer is never a full source of the same refresh); adds the bytes to the refresh's stats."""
+        """Write the staged cells :meth:`check_native` passed (after the full sources: a staged buffer is
+        never a full source of the same refresh); adds the bytes to the refresh's stats. In place: one
+        native call. Staged: :meth:`_upload_words`."""
         rows, cols = self._commit.marks
-        moved = self._native.commit(self._cores, n, rows, cols, self._core_targets, True)  # type: ignore[union-attr]
+        kernel: Any = self._native
+        moved = (
+            kernel.commit(self._cores, n, rows, cols, self._core_targets, True)
+            if not self._staged
+            else self._upload_words(kernel, n, rows, cols)
+        )
         if moved:
             self._commit.count(moved)
+
+    def _upload_words(self, kernel: Any, n: int, rows: list[int], cols: list[int]) -> int:
+        """The staged cells packed natively into one host arena as slab word indices and 4-byte words, one
+        upload of it, and one indexed write of the slab viewed as int32 words: the device work does not grow
+        with the number of staged buffers."""
+        turn = self._turn
+        arena = self._arena(turn, 0)
+        k = kernel.pack(self._cores, n, rows, cols, self._bases, arena.numpy())
+        if k < 0:  # more cells than the arena holds: a larger one, then the same call
+            arena = self._arena(turn, -12 * k)
+            k = kernel.pack(self._cores, n, rows, cols, self._bases, arena.numpy())
+        if not k:
+            return 0
+        dev = arena[: 12 * k].to(self._slab.device, non_blocking=True) if self._pin else arena[: 12 * k]
+        words = self._slab_of.get(4)
+        if words is None:
+            words = self._slab_of[4] = self._slab[: self._slab.numel() // 4 * 4].view(torch.int32)
+        words.index_put_((dev[: 8 * k].view(torch.int64),), dev[8 * k :].view(torch.int32))
+        self._fence(turn)
+        return 4 * k
 
     def prepare(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_Plan]:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
@@ -751,12 +786,7 @@ class StagingArea:
         if not layout:
             return 0
         turn = self._turn
-        if self._events[turn] is not None:
-            self._events[turn].synchronize()  # the upload that last read this arena has finished
-        arena = self._arenas[turn]
-        if arena is None or arena.numel() < total:
-            arena = torch.empty(max(total, 4096) * 2, dtype=torch.uint8, pin_memory=self._pin)
-            self._arenas[turn] = arena
+        arena = self._arena(turn, total)
         host = arena.numpy()
         for isz, at_i, k, at_v, i, v in layout:
             host[at_i : at_i + 8 * k].view(np.int64)[:] = i
@@ -769,13 +799,29 @@ class StagingArea:
                 target = self._slab[:n].view(_TORCH_OF_SIZE[isz])
                 self._slab_of[isz] = target
             target[dev[at_i : at_i + 8 * k].view(torch.int64)] = dev[at_v : at_v + isz * k].view(target.dtype)
+        self._fence(turn)
+        return moved
+
+    def _arena(self, turn: int, nbytes: int) -> torch.Tensor:
+        """Host arena ``turn`` of the ring, at least ``nbytes`` long, once the upload that last read it
+        finished."""
+        if self._events[turn] is not None:
+            self._events[turn].synchronize()
+            self._events[turn] = None
+        arena = self._arenas[turn]
+        if arena is None or arena.numel() < nbytes:
+            arena = torch.empty(max(nbytes, 4096) * 2, dtype=torch.uint8, pin_memory=self._pin)
+            self._arenas[turn] = arena
+        return arena
+
+    def _fence(self, turn: int) -> None:
+        """After an upload from arena ``turn``: its event (off the cpu), and the next arena's turn."""
         device = self._slab.device
         if device.type != "cpu":
             event = getattr(torch, device.type).Event()
             event.record()
             self._events[turn] = event
         self._turn = (turn + 1) % len(self._arenas)
-        return moved
 
     def _absorb(self, h: StagedBuffer, p: Prepared) -> None:
         """A refresh gave ``h``'s buffer whole: its live values become the host state, other rows pad."""

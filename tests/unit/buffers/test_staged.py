@@ -209,22 +209,32 @@ def test_bytes_count_changed_and_cleared_cells(host_state: str) -> None:
 def test_a_staged_commit_is_one_scatter_per_element_size_not_per_buffer(
     monkeypatch: pytest.MonkeyPatch, host_state: str
 ) -> None:
+    """The Python host state: one indexed write per element size; the native one packs every cell as 4-byte
+    slab words: one indexed write in all (int64 cells are two words each)."""
     b = _buffers(2)
     calls = []
-    real = torch.Tensor.__setitem__
+    real, real_put = torch.Tensor.__setitem__, torch.Tensor.index_put_
 
     def spy(self, key, value):  # the scatter: one indexed write per element size
         if isinstance(key, torch.Tensor):
             calls.append((str(self.dtype), key.numel()))
         return real(self, key, value)
 
+    def spy_put(self, key, value):
+        calls.append((str(self.dtype), key[0].numel()))
+        return real_put(self, key, value)
+
     monkeypatch.setattr(torch.Tensor, "__setitem__", spy)
+    monkeypatch.setattr(torch.Tensor, "index_put_", spy_put)
     b.stage(BT).set_row(0, np.array([1, 2, 3], np.int32))
     b.stage("block_table.sliding").set_row(0, np.array([4], np.int32))
     b.stage("seq_lens").set(0, np.array([5], np.int32))
     b.stage("slot_mapping.full").set(0, np.arange(4, dtype=np.int64))
     b.refresh(4, {"query_start_loc": np.array([0, 4], np.int32), "slot_mapping.sliding": np.arange(4)})
-    assert sorted(calls) == [("torch.int32", 5), ("torch.int64", 4)]  # 3 buffers, 2 scatters
+    if host_state == "native":
+        assert calls == [("torch.int32", 5 + 2 * 4)]  # 3 buffers, 1 indexed write of 13 words
+    else:
+        assert sorted(calls) == [("torch.int32", 5), ("torch.int64", 4)]  # 3 buffers, 2 scatters
     assert b.full[BT][0, :4].tolist() == [1, 2, 3, 0]
     assert b.full["slot_mapping.full"][:5].tolist() == [0, 1, 2, 3, -1]
 
