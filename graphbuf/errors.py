@@ -13,6 +13,7 @@ __all__ = [
     "LivenessError",
     "PlanTooLargeError",
     "RefreshError",
+    "ReplayError",
     "RowsError",
     "SpecError",
     "TaskError",
@@ -58,6 +59,11 @@ class WidthError(RefreshError):
 
 class CaptureError(GraphbufError, RuntimeError):
     """Something inside graph capture that a device graph cannot record (host read-back, dynamic shape)."""
+
+
+class ReplayError(GraphbufError, RuntimeError):
+    """An op of a graph failed at replay on the cpu emulator (which runs the recorded ops for real; a device
+    would fault or assert there): the message names the op, and the size when a runner replayed it."""
 
 
 class AddressChangedError(GraphbufError, RuntimeError):

@@ -339,9 +339,7 @@ class Graph:
         return count
 
     @contextmanager
-    def capture(
-        self, *, pool: object = None, stream: object = None, dry: bool = False
-    ) -> Iterator[Graph]:
+    def capture(self, *, pool: object = None, stream: object = None, dry: bool = False) -> Iterator[Graph]:
         """Record the body. ``pool``: a handle from another graph's :meth:`pool` to share its memory pool;
         ``stream``: the capture stream (cuda/npu; both ignored on cpu). ``dry`` (cpu): record without
         computing, as a device captures (functional ops shaped by their meta kernels, writes to earlier

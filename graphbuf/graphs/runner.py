@@ -38,7 +38,7 @@ import torch
 
 from graphbuf.buffers import BoundSources, check_num_reqs, read_call, requests_hint
 from graphbuf.buffers.slab import StaticBuffers
-from graphbuf.errors import ArgumentError, CaptureError, SpecError, TaskError, UsageError
+from graphbuf.errors import ArgumentError, CaptureError, ReplayError, SpecError, TaskError, UsageError
 from graphbuf.exclusive import Exclusive
 from graphbuf.graphs.graph import Graph
 from graphbuf.graphs.tasks import TaskKind
@@ -293,7 +293,7 @@ class GraphRunner:
                     graph, output = self._capture_size(size, views, args, pool, dry=False)
             except Exception as exc:
                 self._restore(saved)
-                cause = f"{type(exc).__name__}: {exc}"
+                cause = _cause(exc)
                 if self.on_capture_error == "raise":
                     raise CaptureError(
                         f"capture at size {size} (tokens; {size // self._tpr} requests) failed: {cause}. "
@@ -374,7 +374,9 @@ class GraphRunner:
         the graph uses (or a bound source) was freed or moved, :class:`~graphbuf.errors.TaskError` for
         ``host_args`` the captured tasks do not take, :class:`SpecError` for an ``output_rows`` rule that
         fails, goes negative or exceeds its output's rows at this count, and
-        :class:`~graphbuf.errors.RefreshError` for rejected sources or counts.
+        :class:`~graphbuf.errors.RefreshError` for rejected sources or counts. After the refresh (on the
+        cpu emulator, which runs each op for real): :class:`~graphbuf.errors.ReplayError` naming the op and
+        the size when an op fails on the values it reads (where a device would fault or assert).
         """
         with self._guard.hold("run()"):
             return self._run(sources, num_reqs, widths, host_args)
@@ -426,7 +428,10 @@ class GraphRunner:
         self.stats.task_updates += updates
         # The watch runs again here, after the refresh and immediately before the replay: code that ran
         # during the refresh (a source's __array__) cannot move or re-type a watched tensor unseen.
-        graph.replay()
+        try:
+            graph.replay()
+        except ReplayError as exc:
+            raise ReplayError(f"GraphRunner.run() at size {size} ({live} requests): {exc}") from exc.__cause__
         self.stats.replays += 1
         self.stats.replays_by_size[size] += 1
         if self.verify and not captured.verified:
@@ -532,6 +537,13 @@ class GraphRunner:
         self.stats.eager += 1
         self.stats.eager_reasons[reason] += 1
         return self._eager_output(Step(live * self._tpr, views, None, host_args, live), rows, live)
+
+
+def _cause(exc: BaseException) -> str:
+    """``Type: message``, and the op that raised it where the capture noted it."""
+    notes = [n for n in getattr(exc, "__notes__", ()) if isinstance(n, str) and n.startswith("graphbuf:")]
+    text = f"{type(exc).__name__}: {exc}"
+    return f"{text} ({'; '.join(n.removeprefix('graphbuf: ') for n in notes)})" if notes else text
 
 
 def _host_args(host_args: Any) -> dict[str, dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keyword
 from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
 from typing import Any
 
 from graphbuf.graphs.emulator.shortcuts import TENSOR_COPY
@@ -20,7 +21,7 @@ class Call:
     returned tensors are copied into."""
 
     __slots__ = (
-        "arg_slots", "consts", "copies", "fn", "kw", "pos", "result_slots", "results", "single", "text",
+        "arg_slots", "consts", "copies", "fn", "kw", "op", "pos", "result_slots", "results", "single", "text",
     )  # fmt: skip
 
     def __init__(
@@ -31,8 +32,10 @@ class Call:
         results: tuple[Any, ...] | None = None,
         single: bool = True,
         copies: frozenset[int] = frozenset(),
+        op: str = "",
     ) -> None:
         self.fn = fn
+        self.op = op or getattr(fn, "__name__", type(fn).__name__)  # named in a replay's errors
         self.pos = list(pos)
         self.kw = dict(kw)
         self.results = results
@@ -156,7 +159,8 @@ def _segment(
     defined: dict[int, int],
 ) -> tuple[str, dict[str, Any]]:
     """Source and namespace of one segment: calls ``at .. at + len(calls) - 1`` of the recording.
-    ``defined`` (transient slot -> the segment binding it) is updated with the slots this one binds."""
+    ``defined`` (transient slot -> the segment binding it) is updated with the slots this one binds. The
+    namespace's ``OPS`` maps each source line to the op it calls (see :func:`op_at`)."""
     namespace: dict[str, Any] = {"__builtins__": {}}
 
     def const(obj: Any) -> str:
@@ -170,6 +174,7 @@ def _segment(
     local: set[int] = set()
     params: set[int] = set()
     lines: list[str] = []
+    ops: list[tuple[int, str]] = []  # (index in lines, op) of each call's lines
     for i, call in enumerate(calls, start=at):
         for index in reads[i]:
             if index in local:
@@ -187,6 +192,7 @@ def _segment(
                 head.append(f"a{slot.index} = _a[{slot.index}]")
         text, consts = call.render()
         namespace.update(consts)
+        first = len(lines)
         binds: list[tuple[str, str]] = []
         copies: list[tuple[str, str]] = []
         for sub, slot in call.returns():
@@ -206,6 +212,7 @@ def _segment(
             lines.extend(f"{name} = _r{sub}" for sub, name in binds)
             lines.extend(f"{copy}({name}, _r{sub})" for sub, name in copies)
             lines.append("del _r")
+        ops.extend((j, call.op) for j in range(first, len(lines)))
         dead = sorted({index for index in reads[i] if last[index] == i})
         if dead:
             lines.append("del " + ", ".join(f"v{index}" for index in dead))
@@ -216,4 +223,20 @@ def _segment(
         if defined.get(index) == number and last[index] >= stop
     ]
     body = "\n".join(f"    {line}" for line in head + lines + tail) or "    pass"
+    namespace[OPS] = {2 + len(head) + j: op for j, op in ops}  # line 1 is the def
     return f"def _segment(_t, _a):\n{body}\n", namespace
+
+
+#: The name of each segment's line -> op map in its namespace.
+OPS = "_graphbuf_ops"
+
+
+def op_at(tb: TracebackType | None) -> str | None:
+    """The op the innermost replay segment in traceback ``tb`` was calling, or None."""
+    found = None
+    while tb is not None:
+        ops = tb.tb_frame.f_globals.get(OPS)
+        if ops is not None and tb.tb_frame.f_code.co_filename.startswith("<graphbuf replay"):
+            found = ops.get(tb.tb_lineno, found)
+        tb = tb.tb_next
+    return found

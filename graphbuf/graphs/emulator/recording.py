@@ -31,6 +31,17 @@ from graphbuf.graphs.modes import DispatchMode
 #: kernels can cost more than the op) and shapes the others without computing them.
 DRY_FROM_BYTES = 1 << 16
 
+#: Op signatures (op, per tensor its dtype, device, rank and contiguity, host arguments by value) a dry
+#: recording has run for real once: the checks a kernel makes beyond its meta kernel (dtypes it implements,
+#: host scalars: ``pow_(-1)`` on integers, division by a zero scalar) depend on nothing else, so a signature
+#: that ran once is only shaped (functional ops) or skipped (writes) from then on. Bounded by the distinct
+#: signatures a program uses.
+VERIFIED: set[tuple[Any, ...]] = set()
+
+#: The arguments ops index by (index_select, gather, index_copy_, scatter: ``index``; embedding,
+#: index.Tensor, index_put_: ``indices``): a kernel bound-checks their values.
+_INDEX_ARGS = ("index", "indices")
+
 
 class Registry(Protocol):
     """What a recorder needs of its emulator (:class:`~graphbuf.graphs.emulator.replay.Emulator`): the slot
@@ -87,6 +98,7 @@ class Recorder(DispatchMode):
         self.groups: list[Group] = []  # every storage group first seen by it
         self._spans: dict[int, list[tuple[int, int]]] = {}
         self._snapshots: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._used: set[int] = set()  # slots of tensors from before capture that recorded ops took
 
     def __torch_dispatch__(
         self,
@@ -114,21 +126,60 @@ class Recorder(DispatchMode):
             for t in written:
                 if not slots[id(t)].group.created:
                     self._snapshot(t)
-        watch = (
-            [(t, tensor_geometry(t)) for t in written if slots[id(t)].tensor is None]
-            if info.restrides
-            else []
-        )
-        result = self._run(func, info, args, kwargs, bound) if self.dry else func(*args, **kwargs)
-        # A created tensor whose metadata changes (t_, resize_, an out= resize) keeps its recorded geometry
-        # only as this object: hold it, so it stays static and replay uses the object itself.
+        watch = [(t, tensor_geometry(t)) for t in written] if info.restrides or info.inplace_view else []
+        try:
+            result = (
+                self._run(func, info, args, kwargs, bound, slots)
+                if self.dry
+                else self._computed(func, info, args, kwargs, bound)
+            )
+        except Exception as exc:
+            name_op(exc, func)
+            raise
         for t, geometry in watch:
             if tensor_geometry(t) != geometry:
-                self._pin(slots[id(t)], t)
-        if info.inplace_view:
-            for t in written:
-                self._pin(slots[id(t)], t)
+                self._restrided(func, slots[id(t)], t)
         self._record(func, info, args, kwargs, bound, slots, result)
+        self._used.update(s.index for s in slots.values() if not s.group.created)
+        return result
+
+    def _restrided(self, func: torch._ops.OpOverload, slot: Slot, t: torch.Tensor) -> None:
+        """``func`` changed the metadata of ``t`` in place (t_, transpose_, as_strided_, resize_, an out=
+        resize). The ops recorded before it used ``t`` with its old geometry and those after use the new
+        one, as on a device, where each kernel bakes in the geometry it was launched with: ``slot`` keeps
+        the old geometry (replay rebuilds it over the same storage) and ``t`` gets a slot of its own, held
+        (replay uses the object itself). A tensor from before capture cannot be split so (the recording
+        holds it weakly and checks it before each replay): re-strided after the recording used it, it is a
+        :class:`CaptureError`."""
+        if not slot.group.created:
+            if slot.index in self._used:
+                size, stride = list(slot.meta[0]), list(slot.meta[1])
+                raise CaptureError(
+                    f"{func} changed the shape or strides of a tensor from before capture (shape {size} "
+                    f"stride {stride} -> {list(t.shape)} {list(t.stride())}) after the capture used it: a "
+                    "device graph's earlier kernels keep its old geometry, its later ones the new one. "
+                    "Re-stride a view (x = x.t()) instead, or change it before capture."
+                )
+            return
+        slot.tensor, slot.ref = None, None  # rebuilt with its recorded (old) geometry when recording ends
+        storage = t.untyped_storage()
+        group = self._storage_group(storage) or self._new_group(True, storage)
+        self._add(t, group, strong=True)
+
+    def _computed(
+        self,
+        func: torch._ops.OpOverload,
+        info: OpInfo,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        bound: Mapping[str, Any],
+    ) -> Any:
+        """An op of a recording that computes; its signature is then known to pass the kernel's checks."""
+        result = func(*args, **kwargs)
+        if not (info.seeded or info.inplace_view or info.restrides or not info.tensors_out):
+            key = _signature(func, bound)
+            if key is not None:
+                VERIFIED.add(key)
         return result
 
     def _run(
@@ -138,14 +189,32 @@ class Recorder(DispatchMode):
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         bound: Mapping[str, Any],
+        slots: Mapping[int, Slot],
     ) -> Any:
-        """A dry op: views, metadata changes, resizes, random and non-tensor ops run; the rest not."""
+        """A dry op: views, metadata changes, resizes, random and non-tensor ops run; so does any op whose
+        signature has not run for real yet (:data:`VERIFIED`: what a kernel checks beyond its meta kernel
+        is raised here, at capture, as a computing capture raises it), an op indexing by a tensor from
+        before capture (its bounds are checked on those values, as a computing capture checks them), and
+        a write whose target overlaps itself or another argument (overlap is checked by the kernel, per
+        call). The rest is not computed: a write is skipped, a functional op over :data:`DRY_FROM_BYTES`
+        shaped by its meta kernel."""
         if info.seeded or info.inplace_view or info.restrides or not info.tensors_out:
             return func(*args, **kwargs)
+        indices = tensors_in(bound.get(name) for name in _INDEX_ARGS)
+        if any(not slots[id(t)].group.created for t in indices):
+            return func(*args, **kwargs)
+        key = _signature(func, bound)
+        if key is None or key not in VERIFIED:
+            result = func(*args, **kwargs)
+            if key is not None:
+                VERIFIED.add(key)
+            return result
         if info.writes:
             if len(info.writes) != len(info.returns_alias) or not all(info.returns_alias):
                 return func(*args, **kwargs)
             written = [bound[name] for name in info.writes]  # in-place: what the op returns is its target
+            if _overlapping(written, tensors_in(bound.values())):
+                return func(*args, **kwargs)
             return written[0] if len(written) == 1 else tuple(written)
         if any(info.returns_alias):
             return func(*args, **kwargs)
@@ -206,9 +275,6 @@ class Recorder(DispatchMode):
         if group is None:
             group = fresh[storage._cdata] = self._new_group(True, storage)
         return self._add(t, group, strong=False), True
-
-    def _pin(self, slot: Slot, t: torch.Tensor) -> None:
-        slot.tensor, slot.ref = t, None
 
     def _template(self, value: Any, slots: Mapping[int, Slot]) -> Any:
         if isinstance(value, torch.Tensor):
@@ -318,3 +384,49 @@ class Recorder(DispatchMode):
             if key not in RECIPES:
                 RECIPES[key] = find_recipe(func, info, bound, values, None if info.seeded else values)
         self.segment.nodes.append(node)
+
+
+def _signature(func: torch._ops.OpOverload, bound: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What a kernel's checks beyond its meta kernel may depend on (see :data:`VERIFIED`); None if a host
+    argument cannot be keyed (then the op always runs)."""
+    try:
+        key = (func, tuple((name, _key(v)) for name, v in bound.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _key(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        t = value
+        return (torch.Tensor, t.dtype, t.device.type, t.dim(), t.is_contiguous(), t.layout)
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_key(v) for v in value))
+    return (type(value), value)
+
+
+def _overlapping(written: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor]) -> bool:
+    """A written tensor with elements sharing memory (an expanded view), or sharing its storage with another
+    tensor argument (the kernel refuses a partial overlap: ``x[1:].copy_(x[:-1])``)."""
+    for w in written:
+        if torch._debug_has_internal_overlap(w) != 0:
+            return True
+        sid = w.untyped_storage()._cdata
+        if any(t is not w and t.untyped_storage()._cdata == sid for t in tensors):
+            return True
+    return False
+
+
+#: The note :func:`name_op` adds: ``{op}`` is the aten op.
+OP_NOTE = "graphbuf: raised by {op} during capture"
+
+
+def name_op(exc: BaseException, func: torch._ops.OpOverload) -> None:
+    """Note on ``exc`` the op that raised it (the innermost one), as ``BaseException.add_note`` does from
+    Python 3.11; its type and message stay the caller's to catch."""
+    notes = getattr(exc, "__notes__", None)
+    if notes is None:
+        notes = exc.__notes__ = []
+    if not any(isinstance(n, str) and n.startswith("graphbuf: raised by") for n in notes):
+        notes.append(OP_NOTE.format(op=func))

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 import torch
 
-from graphbuf.errors import CaptureError, LivenessError
-from graphbuf.graphs.emulator.codegen import Call, Compiled, generate
+from graphbuf.errors import CaptureError, GraphbufError, LivenessError, ReplayError
+from graphbuf.graphs.emulator.codegen import Call, Compiled, generate, op_at
 from graphbuf.graphs.emulator.ops import bind, binding, call_parts
 from graphbuf.graphs.emulator.recording import STATE, Recorder, Segment, recording_active
 from graphbuf.graphs.emulator.shortcuts import MISSING, RECIPES, Recipe, find_recipe, recipe_calls
@@ -338,7 +338,7 @@ class Emulator:
                 recipe = self._recipe(node)
                 calls = recipe_calls(recipe, node.bound(), node.results) if recipe is not None else None
                 if calls is not None:
-                    node.calls = tuple(Call(fn, pos, kw) for fn, pos, kw in calls)
+                    node.calls = tuple(Call(fn, pos, kw, op=str(node.func)) for fn, pos, kw in calls)
                     return recipe.kind  # type: ignore[union-attr]
             node.calls = (self._as_recorded(node, static_new),)
             return "copy"
@@ -360,8 +360,8 @@ class Emulator:
             parts = call_parts(func._schema, node.bound(), binding=True)
             if parts is not None:
                 fn = binding(func.overloadpacket.__name__)
-                return Call(fn, parts[0], parts[1], node.results, node.single, copies)  # type: ignore[arg-type]
-        return Call(func._op, node.args, node.kwargs, node.results, node.single, copies)
+                return Call(fn, parts[0], parts[1], node.results, node.single, copies, str(func))  # type: ignore[arg-type]
+        return Call(func._op, node.args, node.kwargs, node.results, node.single, copies, str(func))
 
     def _recipe(self, node: Node) -> Recipe | None:
         """A validated recipe for a functional node whose results are all static: the cached verdict for
@@ -442,8 +442,18 @@ class Emulator:
         live = checked
         if live is None or live.watch is not self._watch:
             live = self._watch.check("replay")
-        if torch.is_inference_mode_enabled():
-            self._replay(*live)
-            return
-        with torch.inference_mode():
-            self._replay(*live)
+        try:
+            if torch.is_inference_mode_enabled():
+                self._replay(*live)
+                return
+            with torch.inference_mode():
+                self._replay(*live)
+        except GraphbufError:
+            raise
+        except Exception as exc:
+            op = op_at(exc.__traceback__) or "an op"
+            raise ReplayError(
+                f"replay: {op} failed: {type(exc).__name__}: {exc}. The emulator runs each recorded op as a "
+                "device runs its kernel; this one failed on the values it read (a device would fault or "
+                "assert here): check the values the graph reads (bound them in the spec: min/max)."
+            ) from exc
