@@ -18,6 +18,7 @@ KINDS = {
     "WidthError": (errors.RefreshError,),
     "CaptureError": (RuntimeError,),
     "AddressChangedError": (RuntimeError,),
+    "ReplayError": (RuntimeError,),
     "DeviceUnavailableError": (RuntimeError,),
     "UnknownDeviceError": (ValueError,),
     "LivenessError": (RuntimeError,),
