@@ -34,7 +34,7 @@ from graphbuf.buffers import (
     where,
 )
 from graphbuf.devices import resolve_device
-from graphbuf.errors import RefreshError, RowsError, UsageError
+from graphbuf.errors import PlanTooLargeError, RefreshError, RowsError, UsageError
 from graphbuf.exclusive import Exclusive
 from graphbuf.planning.planner import Plan, plan
 from graphbuf.spec.expr import ExprError
@@ -96,7 +96,15 @@ class StaticBuffers:
             spec if isinstance(spec, Plan) else plan(spec, overrides=overrides, max_bytes=max_bytes)
         )
         self.strict = strict
-        self.slab = torch.empty(self.plan.total_bytes, dtype=torch.uint8, device=self.device)
+        try:
+            self.slab = torch.empty(self.plan.total_bytes, dtype=torch.uint8, device=self.device)
+        except RuntimeError as exc:  # the allocator refused it (torch.OutOfMemoryError is a RuntimeError)
+            raise PlanTooLargeError(
+                f"{self.plan.spec.name}: the slab of {self.plan.total_bytes} bytes (limits.max_bytes "
+                f"{self.plan.max_bytes}) cannot be allocated on {self.device}: {str(exc).splitlines()[0]}. "
+                "Lower limits.max_bytes to what the device holds, or shrink the constants that size the "
+                "buffers."
+            ) from None
         full: dict[str, torch.Tensor] = {}
         for b in self.plan.buffers:
             typed = self.slab[b.offset : b.offset + b.nbytes].view(b.dtype)

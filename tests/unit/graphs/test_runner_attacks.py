@@ -207,3 +207,18 @@ def test_a_refresh_failing_after_a_reissue_puts_the_previous_host_arguments_back
         runner.run(bad, host_args={"custom": {"scale": 3.0}})
     good = batch(3, 7)
     torch.testing.assert_close(runner.run(good), good["seq_lens"].float() * 2)  # scale 2, not 3
+
+
+def test_limits_max_bytes_raised_past_the_machine_is_a_typed_error_not_the_allocator_s() -> None:
+    """limits.max_bytes raised (to 200 GB in the attack; here 2**52 bytes, past any machine, so the allocator
+    refuses it without touching a page) let the slab reach torch's allocator, whose RuntimeError surfaced."""
+    spec = {
+        **SPEC,
+        "constants": {**SPEC["constants"], "max_model_len": 2**48},
+        "limits": {"max_bytes": 2**52},
+    }
+    with pytest.raises(
+        graphbuf.PlanTooLargeError,
+        match=r"the slab of \d+ bytes \(limits\.max_bytes 4503599627370496\) cannot",
+    ):
+        graphbuf.StaticBuffers(graphbuf.GraphSpec.model_validate(spec))
