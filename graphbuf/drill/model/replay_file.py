@@ -122,7 +122,7 @@ def load_model_replay(
         raise f.error("spec", spec_name, f"cannot be served with model {model!r}: {exc}") from None
     device = f.text("device", doc.get("device"))
     try:
-        resolve_device(device, "device")
+        resolve_device(device, "the drill")
     except GraphbufError as exc:
         raise f.error("device", device, str(exc)) from None
     fault_list = doc.get("faults")
