@@ -34,7 +34,8 @@ Under vllm-ascend's UpdatableGraph mechanism (0.30+) ``run`` is given ``register
 ``register_task`` with graphbuf's provider for the layer, ``routing.DecodeParamProvider``): the task is
 captured through it, as one keyword call ``operation(tensors=..., seq_lens_kv=..., scale=...)`` (the NPU
 kernel's task group, or the whole software decode), and upstream re-issues it after resolving the provider;
-graphbuf never re-issues it itself. Upstream keeps only weak references to a task's tensors, so the
+graphbuf never re-issues it itself, it records the lengths upstream re-issues
+(:meth:`RoutedDecodes.record_issued`). Upstream keeps only weak references to a task's tensors, so the
 :class:`DecodeTask` holds every one of them strongly for as long as the capture is kept, and a tensor whose
 storage owns no memory (a weak reference) is refused at capture (``LivenessError``).
 
@@ -126,13 +127,13 @@ def run_task(fn: Callable[..., Any], *, tensors: tuple[torch.Tensor, ...], seq_l
     fn(*tensors, seq_lens_kv=seq_lens_kv, scale=scale)
 
 
-def _check_strong(label: str, tensors: Sequence[torch.Tensor], caches: Sequence[torch.Tensor]) -> None:
-    """LivenessError when a task tensor (other than the KV caches) is a weak reference: its storage owns no
-    memory (``resizable()`` False, as a ``from_blob`` alias such as ``weak_ref_tensor`` makes)."""
-    cache_storages = {c.untyped_storage().data_ptr() for c in caches}
+def _check_strong(label: str, tensors: Sequence[torch.Tensor], trusted: set[int]) -> None:
+    """LivenessError when a task tensor is a weak reference: its storage owns no memory (``resizable()``
+    False, as a ``from_blob`` alias such as ``weak_ref_tensor`` makes). ``trusted``: storage addresses
+    known to be owned (the KV caches, graphbuf's slab, whose numpy views also make it non-resizable)."""
     for i, t in enumerate(tensors):
         storage = t.untyped_storage()
-        if storage.data_ptr() not in cache_storages and not storage.resizable():
+        if storage.data_ptr() not in trusted and not storage.resizable():
             raise LivenessError(
                 f"{label}: task tensor {i} (shape {list(t.shape)}, at {t.data_ptr():#x}) is a weak "
                 "reference: its storage owns no memory, so the graph would read freed memory once the owner "
@@ -146,23 +147,25 @@ def _stream_capturing() -> bool:
     return bool(probe()) if callable(probe) else False
 
 
-def _upstream_reissues(task: CapturedTask, host: Any) -> None:
-    raise upstream.UpstreamError(
-        "a routed decode task registered with upstream's UpdatableGraph is re-issued by upstream "
-        "(ACLGraphWrapper._updatable_graph_replay after resolving graphbuf's provider), never by graphbuf"
-    )
+def _issued_by_upstream(task: CapturedTask, host: Any) -> None:
+    """A task registered with upstream's UpdatableGraph is re-issued on the device by upstream
+    (``_updatable_graph_replay``, with what graphbuf's provider resolved): graphbuf only records the host
+    arguments (:meth:`RoutedDecodes.record_issued`)."""
 
 
 class RoutedDecodes:
     """The captured paged-decode tasks of one routed KV group, by capture size and layer."""
 
-    def __init__(self) -> None:
+    def __init__(self, owned: Sequence[torch.Tensor] = ()) -> None:
+        """``owned``: tensors whose memory the group owns for the graph's life (graphbuf's slab)."""
+        self._owned = tuple(owned)
         self._tasks: dict[int, dict[int, DecodeTask]] = {}
         self._watches: dict[int, Watch] = {}
         self._stream: Any = None
         self._busy = threading.Lock()
         self._expected: tuple[int, str] | None = None  # (size, mechanism) of a planned replay
         self._seen = 0
+        self._recorded_step = 0
 
     @contextlib.contextmanager
     def exclusive(self, what: str) -> Iterator[None]:
@@ -260,7 +263,8 @@ class RoutedDecodes:
             body = functools.partial(fn, scale=scale)
             host = {"seq_lens_kv": list(seq_lens_kv)}
             if capturing and register is not None:
-                _check_strong(label, tensors, caches)
+                trusted = {t.untyped_storage().data_ptr() for t in (*caches, *self._owned)}
+                _check_strong(label, tensors, trusted)
                 register(functools.partial(run_task, fn), {"tensors": tensors, **host, "scale": scale})
                 issued.append((body, tensors, None))
                 return
@@ -293,7 +297,7 @@ class RoutedDecodes:
             state = None
         else:
             return out  # an NPU float32 query decodes with device lengths: nothing to re-issue
-        reissue = self._reissue if register is None else _upstream_reissues
+        reissue = self._reissue if register is None else _issued_by_upstream
         task = CapturedTask(TaskKind.PAGED_ATTENTION, fn, tensors, {"seq_lens_kv": list(lens)}, state,
                             reissue)  # fmt: skip
         layers[id(owner)] = DecodeTask(owner, label, task, caches)
@@ -371,6 +375,13 @@ class RoutedDecodes:
         finally:
             self._stream = None
         return count
+
+    def record_issued(self, size: int, seq_lens_host: Sequence[int], step: int) -> None:
+        """UpdatableGraph: the host lengths upstream re-issues the tasks at ``size`` with for planned step
+        ``step`` (once per step), so each task's ``lens`` and :meth:`replay` follow them."""
+        if step != self._recorded_step:
+            self.update(size, seq_lens_host)
+            self._recorded_step = step
 
     def arm(self, size: int, update_stream: Any) -> None:
         """NPU: record the event of every task at ``size`` not updated since the last replay (the graph

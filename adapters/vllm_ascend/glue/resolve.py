@@ -243,7 +243,7 @@ class GroupBuffers:
         self.buffers = StaticBuffers(spec, device, overrides=overrides)
         self.modes: RouteModes = modes if modes is not None else route_modes(spec, overrides)
         """The routes the spec's task options select (:func:`route_modes`)."""
-        self.decodes = RoutedDecodes()
+        self.decodes = RoutedDecodes(owned=(self.buffers.slab,))
         """The group's captured paged-decode tasks (decode route ``paged``)."""
         self.tokens_per_request: int = self.buffers.plan.tokens_per_request
         self.capture_sizes: tuple[int, ...] = self.buffers.capture_sizes

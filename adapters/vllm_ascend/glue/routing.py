@@ -391,6 +391,7 @@ class DecodeParamProvider:
         decodes = route.group.decodes
         with decodes.exclusive(f"UpdatableGraph resolve of layer {self.layer_name!r}"):
             route.apply()
+            decodes.record_issued(route.size, route.seq_lens_host, route.step)
             decodes.saw_update()
         return {"seq_lens_kv": list(route.seq_lens_host)}
 
