@@ -1,7 +1,9 @@
 """CUDA: host-to-device copies per refresh, refresh µs, and graph replay vs eager for the Gemma4 tasks.
 
 Usage: ``python bench/bench_cuda.py [--quick] [--json PATH]``. Without CUDA it prints
-``CUDA not available: skipped`` and writes ``{"skipped": true}`` results.
+``CUDA not available: skipped`` and writes ``{"skipped": true}`` results. ``--cpu-proxy``: the same refresh
+code path on a cpu slab with ``staging=2`` against the in-place step (:func:`cpu_proxy`); its last line reads
+``cpu proxy: staging2/in_place worst=X``.
 
 * Copies: ``StaticBuffers(spec, device="cuda")`` refreshed from pinned host sources (``common.step_buffers``)
   K times under ``torch.profiler`` (CPU + CUDA activities). The refresh runs in a
@@ -11,8 +13,9 @@ Usage: ``python bench/bench_cuda.py [--quick] [--json PATH]``. Without CUDA it p
   checked once against a cpu refresh of the same sources. The same counts are taken for a refresh of the
   persistent buffers bound once (``StaticBuffers.bind``), column "HtoD bound". Measured on an H200
   (2026-12-04): one copy per touched buffer (6 on this spec), not one; packing the rectangles into one
-  upload made that 1 but cost more host time than it saved (530-560 µs against 145-313 µs), so it was
-  reverted.
+  upload in Python made that 1 but cost more host time than it saved (530-560 µs against 145-313 µs). The
+  packing is now native (``_staged.pack``: every rectangle up to ``commit.PACK_MAX`` bytes and the staged
+  cells as slab words, one upload, one ``index_put_``); not yet measured on a device.
 * Refresh µs: host time of ``refresh`` (it returns once the upload is queued) and refresh + synchronize.
 * Replay vs eager: ``Gemma4AttentionTask`` decode and verify (2 full-attention layers, Nq 16, Nkv 2,
   head dim 512, bf16) through ``GraphRunner`` on ``StaticBuffers(..., device="cuda")`` at each capture size,
@@ -41,7 +44,7 @@ from graphbuf.buffers.slab import StaticBuffers
 from graphbuf.graphs.runner import GraphRunner, Step
 from graphbuf.planning.planner import Plan, plan
 
-__all__ = ["count_copies", "main", "run"]
+__all__ = ["count_copies", "cpu_proxy", "main", "run"]
 
 NUM_BLOCKS = 4096  # refresh part: the max bound of block ids is active
 REPLAY_BLOCKS = 1024  # replay part: room for every request's blocks, caches of 256 MiB each
@@ -314,11 +317,102 @@ def render(res: dict[str, Any]) -> str:
     )
 
 
+PROXY_LIVE = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PROXY_TPR = 4  # k = 3, as bench_steps
+
+
+def _proxy_trace(sb: StaticBuffers, live: int, steps: int, rng: Any) -> list[tuple[int, list[Any]]]:
+    """bench_steps' decode trace: (live requests, staged writes) of a fill step and ``steps`` decode steps
+    (each request grows by 1..4 tokens, about one in 64 finishes and as many join)."""
+    from graphbuf.testing_steps import DecodeBatch
+    from graphbuf.testing_steps import Step as BatchStep
+
+    batch = DecodeBatch(sb, slots="slot_mapping", offsets="query_start_loc")
+    hi = 131072 - PROXY_TPR * (steps + 2)
+    out = [(live, batch.advance(BatchStep(join=tuple(int(x) for x in rng.integers(PROXY_TPR, hi, live)),
+                                          grow=(1,) * live)))]  # fmt: skip
+    for _ in range(steps):
+        n = batch.live
+        must = [r for r, ln in enumerate(batch.lens) if ln + PROXY_TPR > batch.max_len]
+        finish = sorted(set(must) | {int(r) for r in np.flatnonzero(rng.random(n) < 1 / 64)})
+        joins = tuple(int(x) for x in rng.integers(PROXY_TPR, hi, len(finish)))
+        grow = tuple(int(g) for g in rng.integers(1, PROXY_TPR + 1, n))
+        out.append((n, batch.advance(BatchStep(tuple(finish), joins, grow))))
+    return out
+
+
+def cpu_proxy(quick: bool = False, steps: int = 60) -> dict[str, Any]:
+    """The accelerator path's host work on the cpu (issue 32 §3): bench_steps' staged step (staged writes,
+    then ``refresh(size, {query_start_loc}, num_reqs=n)``) on a slab with ``staging=2`` (host pack, the
+    upload's code path, the placement; no device) against the same step written in place, interleaved, at
+    every live count of bench_steps. torch runs one intra-op thread here: on a loaded 2-core machine its
+    second OpenMP worker is descheduled for milliseconds inside ``index_put_``, which measures the machine."""
+    from common import decode_spec
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    points = []
+    try:
+        for block in (128, 16):
+            spec = decode_spec(f"steps-128K-x256-b{block}", max_num_seqs=256, tokens_per_request=PROXY_TPR,
+                               block_size=block, max_model_len=131072,
+                               sizes=[PROXY_TPR * r for r in PROXY_LIVE], slots_per_group=True)  # fmt: skip
+            for live in (1, 16, 64) if quick else PROXY_LIVE:
+                points.append(_proxy_point(spec, block, live, steps // 4 if quick else steps, rng))
+    finally:
+        torch.set_num_threads(threads)
+    return {"points": points, "worst": max(p["ratio"] for p in points)}
+
+
+def _proxy_point(spec: Any, block: int, live: int, steps: int, rng: Any) -> dict[str, Any]:
+    import time
+
+    ref = StaticBuffers(spec)
+    pair = {"in_place": StaticBuffers(spec), "staging2": StaticBuffers(spec, staging=2)}
+    handles = {
+        k: {name: b.stage(name) for name in b.names if name != "query_start_loc"} for k, b in pair.items()
+    }
+    us: dict[str, list[float]] = {k: [] for k in pair}
+    for i, (n, writes) in enumerate(_proxy_trace(ref, live, steps, rng)):
+        size = next(s for s in ref.capture_sizes if s >= n * PROXY_TPR)
+        qsl = {"query_start_loc": np.arange(0, (n + 1) * PROXY_TPR, PROXY_TPR, dtype=np.int32)}
+        for k in list(pair)[:: 1 if i % 2 else -1]:
+            t0 = time.perf_counter_ns()
+            for name, op, args in writes:
+                getattr(handles[k][name], op)(*args)
+            pair[k].refresh(size, qsl, num_reqs=n)
+            if i:
+                us[k].append((time.perf_counter_ns() - t0) / 1e3)
+    for name in ref.names:  # both hold the same bytes
+        if not torch.equal(pair["in_place"].full[name], pair["staging2"].full[name]):
+            raise AssertionError(f"cpu proxy: block {block}, live {live}: {name} differs")
+    a, b = float(np.median(us["in_place"])), float(np.median(us["staging2"]))
+    return {"block": block, "live": live, "in_place_us": a, "staging2_us": b, "ratio": b / a}
+
+
+def render_proxy(res: dict[str, Any]) -> str:
+    rows = [[p["block"], p["live"], f"{p['in_place_us']:.1f}", f"{p['staging2_us']:.1f}", f"{p['ratio']:.2f}"]
+            for p in res["points"]]  # fmt: skip
+    table = render_table(
+        "cpu proxy of the accelerator path: staged step, median µs (staging=2 vs in place, cpu slab)",
+        ["block", "live", "in place µs", "staging=2 µs", "ratio"],
+        rows,
+    )
+    return f"{table}\ncpu proxy: staging2/in_place worst={res['worst']:.2f} (target <= 1.5)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="three sizes, fewer iterations")
     parser.add_argument("--json", type=Path, help="write the results as JSON to this path")
+    parser.add_argument(
+        "--cpu-proxy", action="store_true", help="the accelerator path's host work on the cpu"
+    )
     args = parser.parse_args(argv)
+    if args.cpu_proxy:
+        print(render_proxy(cpu_proxy(quick=args.quick)))
+        return 0
     res = run(quick=args.quick)
     print(render(res))
     if args.json:

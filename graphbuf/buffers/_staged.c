@@ -1141,19 +1141,53 @@ static void pack_job(const Job *j, int64_t base, Words *o) {
         for (int64_t x = 0; x < cc; x++) emit(o, s, base, r * w + x, 1);
 }
 
-/* pack(cores, n, rows_of, cols_of, bases, arena) -> words | -words needed | None
- *     The staged commit of n live requests for an upload (staging): after commit(..., False) passed, the
- *     cells every core's commit writes go into arena (contiguous bytes, room for cap = len / 12 words) as
- *     k slab word indices (int64 at [0, 8k): bases[i], the buffer's offset in 4-byte words, plus the
- *     cell's words) then their k words (at [8k, 12k)), for one indexed write of the whole slab viewed as
- *     int32 words. Returns k, marks updated and changes forgotten; or -needed with nothing changed when
- *     the arena holds fewer; or None for an element size that is not a multiple of 4, or a core it cannot
- *     read (the Python upload then runs). */
+/* Rectangles (word start, rows, row words, stride words) of image as words; -1 with an error for a bad one. */
+static int pack_rects(PyObject *rects, const int32_t *image, Py_ssize_t nwords, Words *o) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rects); i++) {
+        long long v[4];
+        PyObject *t = PyList_GET_ITEM(rects, i);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+            PyErr_SetString(PyExc_TypeError, "pack: a rect is (word start, rows, row words, stride words)");
+            return -1;
+        }
+        for (int j = 0; j < 4; j++) {
+            v[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, j));
+            if (v[j] == -1 && PyErr_Occurred()) return -1;
+        }
+        long long start = v[0], rows = v[1], len = v[2], stride = v[3];
+        if (start < 0 || rows < 0 || len < 0 || stride < len ||
+            (rows && len && start + (rows - 1) * stride + len > nwords)) {
+            PyErr_SetString(PyExc_ValueError, "pack: a rect reaches outside the image");
+            return -1;
+        }
+        for (long long r = 0; r < rows; r++)
+            for (long long c = 0; c < len; c++, o->k++) {
+                if (o->k >= o->cap) continue; /* counted: the caller retries with room */
+                int64_t at = start + r * stride + c;
+                o->idx[o->k] = at;
+                o->val[o->k] = image[at];
+            }
+    }
+    return 0;
+}
+
+/* pack(rects, image, cores, n, rows_of, cols_of, bases, arena) -> words | -words needed | None
+ *     A refresh's writes for one upload (staging): first the rectangles the full sources touched, each
+ *     (word start, rows, row words, row stride in words) of the slab viewed as 4-byte words, their words
+ *     read from image (the staging copy the refresh wrote them into, laid out as the slab); then, after
+ *     commit(..., False) passed, the cells every core's staged commit writes (bases[i]: the buffer's
+ *     offset in words). They go into arena (contiguous bytes, room for cap = len / 12 words) as k slab word
+ *     indices (int64 at [0, 8k)) then their k words (at [8k, 12k)), for one indexed write of the whole slab
+ *     viewed as int32 words. Returns k, the cores' marks updated and their changes forgotten; or -needed
+ *     with nothing changed when the arena holds fewer; or None, nothing changed, for a core it cannot read
+ *     or an element size that is not a multiple of 4 (the Python upload then runs). */
 static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "pack(cores, n, rows_of, cols_of, bases, arena) takes 6 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "pack(rects, image, cores, n, rows_of, cols_of, bases, arena) takes 8 arguments");
         return NULL;
     }
+    PyObject *rects = args[0], *image = args[1];
+    args += 2; /* the staged part: cores, n, rows_of, cols_of, bases, arena */
     PyObject *cores = args[0], *rows_of = args[2], *cols_of = args[3], *bases = args[4];
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     if (n == -1 && PyErr_Occurred()) return NULL;
@@ -1162,15 +1196,24 @@ static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "pack: cores and bases (as many) lists, n >= 0, marks lists");
         return NULL;
     }
-    Py_buffer ab;
-    if (PyObject_GetBuffer(args[5], &ab, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (!PyList_CheckExact(rects)) {
+        PyErr_SetString(PyExc_TypeError, "pack: rects must be a list");
+        return NULL;
+    }
+    Py_buffer ab, img;
+    if (PyObject_GetBuffer(image, &img, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(args[5], &ab, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&img);
+        return NULL;
+    }
     PyObject *result = NULL;
-    if ((uintptr_t)ab.buf % 8) {
-        PyErr_SetString(PyExc_ValueError, "pack: the arena must be 8-byte aligned");
+    if ((uintptr_t)ab.buf % 8 || (uintptr_t)img.buf % 4) {
+        PyErr_SetString(PyExc_ValueError, "pack: the arena must be 8-byte aligned, the image 4-byte aligned");
         goto out;
     }
     Py_ssize_t count = PyList_GET_SIZE(cores), cap = ab.len / 12;
     Words o = {(int64_t *)ab.buf, (int32_t *)((char *)ab.buf + 8 * cap), 0, cap};
+    if (pack_rects(rects, (const int32_t *)img.buf, img.len / 4, &o) < 0) goto out;
     for (int pass = 0; pass < 2; pass++) { /* 0: pack (and count); 1: marks, once everything fits */
         for (Py_ssize_t i = 0; i < count; i++) {
             PyObject *c = PyList_GET_ITEM(cores, i);
@@ -1217,6 +1260,7 @@ static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     result = PyLong_FromSsize_t(o.k);
 out:
     PyBuffer_Release(&ab);
+    PyBuffer_Release(&img);
     return result;
 }
 

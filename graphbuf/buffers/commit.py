@@ -18,6 +18,7 @@ refreshes in flight.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,7 +27,11 @@ import torch
 from graphbuf.buffers.layout import Layout, Slot
 from graphbuf.buffers.validate import Prepared, prepared
 
-__all__ = ["Committer", "RefreshStats", "write_live"]
+__all__ = ["PACK_MAX", "Committer", "RefreshStats", "write_live"]
+
+#: Bytes up to which a rectangle a refresh touches goes into the packed upload (its word indices cost twice
+#: its 4-byte words); a larger one is uploaded on its own.
+PACK_MAX = 1 << 16
 
 
 class RefreshStats(NamedTuple):
@@ -92,6 +97,7 @@ class Committer:
         *,
         staging: int | None,
         dirty: bool,
+        packer: ModuleType | None = None,
     ) -> None:
         self.layout = layout
         self.device = slab.device
@@ -107,6 +113,7 @@ class Committer:
         else:
             pin = slab.device.type != "cpu"  # pinned host memory is what makes an upload asynchronous
             images = [torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=pin) for _ in range(staging)]
+            self._images = [img.numpy() for img in images]
             self._stage_t = [
                 tuple(img[s.plan.offset : s.plan.offset + s.plan.nbytes].view(t.dtype).view(t.shape)
                       for t, s in zip(self._full, layout.order))
@@ -124,6 +131,13 @@ class Committer:
         self._slab = slab.numpy() if not self.staged else None  # in place: host sources
         self._slab_storage = slab.untyped_storage().data_ptr()  # staged: device sources
         self._events: list[Any] = [None] * len(self._targets)
+        # Staged, with the native packer: one arena per staging copy (behind the same event), holding
+        # the refresh's writes as slab word indices and words for one upload and one indexed write.
+        self._packer = packer if self.staged else None
+        self._arenas: list[torch.Tensor | None] = [None] * len(self._targets)
+        self._pin = slab.device.type != "cpu"
+        self._slab_t = slab
+        self._words: torch.Tensor | None = None
         self._turn = 0
         self._refreshes = 0
         self._last = 0
@@ -162,9 +176,11 @@ class Committer:
         self._last += nbytes
         self._total += nbytes
 
-    def write(self, prepared: Sequence[Prepared], size: int) -> None:
+    def write(self, prepared: Sequence[Prepared], size: int, staged: tuple[Any, ...] | None = None) -> int:
         """Write every validated source at capture size ``size``. Validation is over: this never raises on
-        a source."""
+        a source. ``staged``: (cores, n, bases) of a checked native staged commit, packed into the same
+        upload (staging copies with the packer); returns its bytes, or -1 when it could not be packed (the
+        caller commits it then)."""
         k = self._turn
         if self._events[k] is not None:
             self._events[k].synchronize()  # the upload that last read this staging copy has finished
@@ -176,11 +192,13 @@ class Committer:
             moved = kernel.write(targets, prepared, self._ends[size], self._pads, self._rows, self._cols)
         if moved is None:
             moved = self._write_numpy(targets, prepared, size)
+        extra = 0
         if touched is not None:
-            self._upload(k, touched)
+            extra = self._upload(k, touched, staged) if self._packer is not None else self._copy(k, touched)
         self._refreshes += 1
         self._last = moved
         self._total += moved
+        return extra
 
     def _rectangles(self, prepared: Sequence[Prepared], size: int) -> list[tuple[Prepared, int, int, int]]:
         """Per source, before its write: (prepared, end, rows, cols) of the rectangle it will touch. A device
@@ -213,7 +231,60 @@ class Committer:
             moved += r * c * slot.itemsize
         return moved
 
-    def _upload(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> None:
+    def _upload(
+        self, k: int, touched: list[tuple[Prepared, int, int, int]], staged: tuple[Any, ...] | None
+    ) -> int:
+        """Every rectangle of ``touched`` (up to :data:`PACK_MAX` bytes, 4-byte elements) and the staged
+        cells in one packed upload and one indexed write of the slab as int32 words; the rest (larger
+        rectangles, device-resident sources) as :meth:`_copy` does. Returns the staged bytes (-1: not
+        packed)."""
+        rects, rest = [], []
+        for t in touched:
+            (slot, _, dev, _, _), end, r, c = t
+            isz = slot.itemsize
+            if r and c and isz % 4 == 0 and slot.plan.offset % 4 == 0 and r * c * isz <= PACK_MAX:
+                per = isz // 4
+                row = slot.plan.shape[1] * per if slot.ndim == 2 else per
+                rects.append((slot.plan.offset // 4, r, c * per if slot.ndim == 2 else per, row))
+                if dev is not None:
+                    rest.append((t[0], end, 0, c))  # its live cells, on the device, after the placement
+            else:
+                rest.append(t)
+        rect_words = sum(r * n for _, r, n, _ in rects)
+        cores, n, bases = staged if staged is not None else ([], 0, [])
+        rows, cols = self._rows, self._cols
+        packer: Any = self._packer
+        arena = self._arena(k, 0)
+        words = packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.numpy())
+        if words is not None and words < 0:  # more than the arena holds: a larger one, the same call
+            arena = self._arena(k, -12 * words)
+            words = packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.numpy())
+        extra = 0 if staged is None else 4 * (words - rect_words) if words is not None else -1
+        if words is None:  # a staged core it cannot read: the rectangles alone
+            words = packer.pack(rects, self._images[k], [], 0, rows, cols, [], arena.numpy())
+        if words:
+            dev_arena = (
+                arena[: 12 * words].to(self.device, non_blocking=True) if self._pin else arena[: 12 * words]
+            )
+            if self._words is None:
+                self._words = self._slab_t[: self._slab_t.numel() // 4 * 4].view(torch.int32)
+            self._words.index_put_(
+                (dev_arena[: 8 * words].view(torch.int64),), dev_arena[8 * words :].view(torch.int32)
+            )
+        self._copy(k, rest)
+        return extra
+
+    def _arena(self, k: int, nbytes: int) -> torch.Tensor:
+        """Word arena ``k`` (the upload of staging copy ``k`` reads it, behind its event), of ``nbytes``+."""
+        arena = self._arenas[k]
+        if arena is None or arena.numel() < nbytes:
+            arena = torch.empty(max(nbytes, 1 << 16) * 2, dtype=torch.uint8, pin_memory=self._pin)
+            self._arenas[k] = arena
+        return arena
+
+    def _copy(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> int:
+        """Each rectangle of ``touched`` uploaded on its own, then each device-resident source's live cells
+        and repeated rows; the event that fences staging copy ``k``."""
         staged = self._stage_t[k]
         for (slot, _, dev, n, w), end, r, c in touched:
             dst, src = self._full[slot.index], staged[slot.index]
@@ -229,6 +300,7 @@ class Committer:
         event.record()
         self._events[k] = event
         self._turn = (k + 1) % len(self._targets)
+        return 0
 
 
 def _rectangle(slot: Slot, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:

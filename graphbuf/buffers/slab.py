@@ -127,7 +127,9 @@ class StaticBuffers:
         # numpy and the Python host state. Nothing else decides.
         self.layout = Layout(self.plan, native.KERNEL)
         self._labels = {s: where("refresh", s) for s in self.plan.capture_sizes}  # not formatted per call
-        self._commit = Committer(self.layout, self.slab, full, staging=staging, dirty=poison)
+        self._commit = Committer(
+            self.layout, self.slab, full, staging=staging, dirty=poison, packer=native.STAGED
+        )
         self._guard = Exclusive(
             "{call}: another thread is using these StaticBuffers (or BoundSources bound to them); use one "
             "StaticBuffers per thread or serialize the calls"
@@ -218,8 +220,14 @@ class StaticBuffers:
             self._commit.write(prepared, size)
             return live
         if staging.check_native(prepared, live):  # every staged value checked in C
-            self._commit.write(prepared, size)  # never raises: the sources were checked
-            staging.write_native(live)
+            part = staging.packed(live)  # staged: into the refresh's one packed upload
+            moved = self._commit.write(prepared, size, part)  # never raises: the sources were checked
+            if part is None:
+                staging.write_native(live)
+            elif moved > 0:
+                self._commit.count(moved)
+            elif moved < 0:  # not packed: the Python commit (its checks pass: they ran in C)
+                staging.apply(staging.prepare(prepared, size, live, label), prepared)
             return live
         staged = staging.prepare(prepared, size, live, label)
         self._commit.write(prepared, size)

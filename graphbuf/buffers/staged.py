@@ -623,38 +623,19 @@ class StagingArea:
         return kernel.commit(self._cores, n, rows, cols, self._core_targets, False) is True
 
     def write_native(self, n: int) -> None:
-        """Write the staged cells :meth:`check_native` passed (after the full sources: a staged buffer is
-        never a full source of the same refresh); adds the bytes to the refresh's stats. In place: one
-        native call. Staged: :meth:`_upload_words`."""
+        """Write the staged cells :meth:`check_native` passed in place, in one native call (after the full
+        sources: a staged buffer is never a full source of the same refresh); adds the bytes to the
+        refresh's stats. (Staged, :meth:`packed` hands them to the refresh's packed upload instead.)"""
         rows, cols = self._commit.marks
-        kernel: Any = self._native
-        moved = (
-            kernel.commit(self._cores, n, rows, cols, self._core_targets, True)
-            if not self._staged
-            else self._upload_words(kernel, n, rows, cols)
-        )
+        moved = self._native.commit(self._cores, n, rows, cols, self._core_targets, True)  # type: ignore[union-attr]
         if moved:
             self._commit.count(moved)
 
-    def _upload_words(self, kernel: Any, n: int, rows: list[int], cols: list[int]) -> int:
-        """The staged cells packed natively into one host arena as slab word indices and 4-byte words, one
-        upload of it, and one indexed write of the slab viewed as int32 words: the device work does not grow
-        with the number of staged buffers."""
-        turn = self._turn
-        arena = self._arena(turn, 0)
-        k = kernel.pack(self._cores, n, rows, cols, self._bases, arena.numpy())
-        if k < 0:  # more cells than the arena holds: a larger one, then the same call
-            arena = self._arena(turn, -12 * k)
-            k = kernel.pack(self._cores, n, rows, cols, self._bases, arena.numpy())
-        if not k:
-            return 0
-        dev = arena[: 12 * k].to(self._slab.device, non_blocking=True) if self._pin else arena[: 12 * k]
-        words = self._slab_of.get(4)
-        if words is None:
-            words = self._slab_of[4] = self._slab[: self._slab.numel() // 4 * 4].view(torch.int32)
-        words.index_put_((dev[: 8 * k].view(torch.int64),), dev[8 * k :].view(torch.int32))
-        self._fence(turn)
-        return 4 * k
+    def packed(self, n: int) -> tuple[list[Any], int, list[int]] | None:
+        """Staged with the native host state: (cores, n, their word offsets in the slab), for
+        :meth:`Committer.write` to pack the cells :meth:`check_native` passed into the refresh's one upload;
+        None in place."""
+        return (self._cores, n, self._bases) if self._staged else None
 
     def prepare(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_Plan]:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;

@@ -231,10 +231,11 @@ def test_a_staged_commit_is_one_scatter_per_element_size_not_per_buffer(
     b.stage("seq_lens").set(0, np.array([5], np.int32))
     b.stage("slot_mapping.full").set(0, np.arange(4, dtype=np.int64))
     b.refresh(4, {"query_start_loc": np.array([0, 4], np.int32), "slot_mapping.sliding": np.arange(4)})
-    if host_state == "native":
-        assert calls == [("torch.int32", 5 + 2 * 4)]  # 3 buffers, 1 indexed write of 13 words
-    else:
-        assert sorted(calls) == [("torch.int32", 5), ("torch.int64", 4)]  # 3 buffers, 2 scatters
+    full = 2 + 2 * 4  # the full sources: query_start_loc (2 int32 words), slot_mapping.sliding (4 int64)
+    if host_state == "native":  # 3 staged buffers and 2 full sources: 1 indexed write of 23 words
+        assert calls == [("torch.int32", 5 + 2 * 4 + full)]
+    else:  # without the kernels: the full sources copied per rectangle, the staged buffers in 2 scatters
+        assert sorted(calls) == [("torch.int32", 5), ("torch.int64", 4)]
     assert b.full[BT][0, :4].tolist() == [1, 2, 3, 0]
     assert b.full["slot_mapping.full"][:5].tolist() == [0, 1, 2, 3, -1]
 
