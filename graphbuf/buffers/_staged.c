@@ -1176,11 +1176,12 @@ static int pack_rects(PyObject *rects, const int32_t *image, Py_ssize_t nwords, 
  *     (word start, rows, row words, row stride in words) of the slab viewed as 4-byte words, their words
  *     read from image (the staging copy the refresh wrote them into, laid out as the slab); then, after
  *     commit(..., False) passed, the cells every core's staged commit writes (bases[i]: the buffer's
- *     offset in words). They go into arena (contiguous bytes, room for cap = len / 12 words) as k slab word
- *     indices (int64 at [0, 8k)) then their k words (at [8k, 12k)), for one indexed write of the whole slab
- *     viewed as int32 words. Returns k, the cores' marks updated and their changes forgotten; or -needed
- *     with nothing changed when the arena holds fewer; or None, nothing changed, for a core it cannot read
- *     or an element size that is not a multiple of 4 (the Python upload then runs). */
+ *     offset in words). They go into arena (contiguous bytes, room for cap = len / 12 words) as slab word
+ *     indices (int64 at [0, 8b)) then their words (at [8b, 12b)), for one indexed write of the whole slab
+ *     viewed as int32 words, padded to b (64, 128, ...: a power of two) with copies of the last pair.
+ *     Returns (k, b), the cores' marks updated and their changes forgotten; or -needed with nothing changed
+ *     when the arena holds fewer; or None, nothing changed, for a core it cannot read or an element size
+ *     that is not a multiple of 4 (the Python upload then runs). */
 static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "pack(rects, image, cores, n, rows_of, cols_of, bases, arena) takes 8 arguments");
@@ -1256,8 +1257,19 @@ static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             goto out;
         }
     }
-    if (o.k) memmove((char *)ab.buf + 8 * o.k, o.val, (size_t)o.k * 4); /* the words right after the indices */
-    result = PyLong_FromSsize_t(o.k);
+    /* Padded to a bucket b (64, 128, ... <= cap, a power of two) with copies of the last pair: the same
+     * index with the same word, so the caller's views of each bucket are made once. */
+    Py_ssize_t b = 0;
+    if (o.k) {
+        for (b = 64; b < o.k; b <<= 1) {}
+        if (b > cap) {
+            PyErr_SetString(PyExc_ValueError, "pack: the arena's room must be a power of two words (>= 64)");
+            goto out;
+        }
+        for (Py_ssize_t i = o.k; i < b; i++) o.idx[i] = o.idx[o.k - 1], o.val[i] = o.val[o.k - 1];
+        memmove((char *)ab.buf + 8 * b, o.val, (size_t)b * 4); /* the words right after the indices */
+    }
+    result = Py_BuildValue("(nn)", o.k, b);
 out:
     PyBuffer_Release(&ab);
     PyBuffer_Release(&img);

@@ -134,10 +134,10 @@ class Committer:
         # Staged, with the native packer: one arena per staging copy (behind the same event), holding
         # the refresh's writes as slab word indices and words for one upload and one indexed write.
         self._packer = packer if self.staged else None
-        self._arenas: list[torch.Tensor | None] = [None] * len(self._targets)
+        self._arenas: list[_Arena | None] = [None] * len(self._targets)
         self._pin = slab.device.type != "cpu"
         self._slab_t = slab
-        self._words: torch.Tensor | None = None
+        self._words: torch.Tensor = slab[:0]  # the slab as int32 words (made with the first arena)
         self._turn = 0
         self._refreshes = 0
         self._last = 0
@@ -255,31 +255,27 @@ class Committer:
         rows, cols = self._rows, self._cols
         packer: Any = self._packer
         arena = self._arena(k, 0)
-        words = packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.numpy())
-        if words is not None and words < 0:  # more than the arena holds: a larger one, the same call
-            arena = self._arena(k, -12 * words)
-            words = packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.numpy())
-        extra = 0 if staged is None else 4 * (words - rect_words) if words is not None else -1
-        if words is None:  # a staged core it cannot read: the rectangles alone
-            words = packer.pack(rects, self._images[k], [], 0, rows, cols, [], arena.numpy())
-        if words:
-            dev_arena = (
-                arena[: 12 * words].to(self.device, non_blocking=True) if self._pin else arena[: 12 * words]
-            )
-            if self._words is None:
-                self._words = self._slab_t[: self._slab_t.numel() // 4 * 4].view(torch.int32)
-            self._words.index_put_(
-                (dev_arena[: 8 * words].view(torch.int64),), dev_arena[8 * words :].view(torch.int32)
-            )
+        got = packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
+        if type(got) is int:  # more than the arena holds (-got words): a larger one, the same call
+            arena = self._arena(k, -got)
+            got = packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
+        extra = -1 if got is None else 4 * (got[0] - rect_words) if staged is not None else 0
+        if got is None:  # a staged core it cannot read: the rectangles alone
+            got = packer.pack(rects, self._images[k], [], 0, rows, cols, [], arena.host)
+        if got[0]:
+            self._words.index_put_(*arena.placed(got[1]))
         self._copy(k, rest)
         return extra
 
-    def _arena(self, k: int, nbytes: int) -> torch.Tensor:
-        """Word arena ``k`` (the upload of staging copy ``k`` reads it, behind its event), of ``nbytes``+."""
+    def _arena(self, k: int, words: int) -> _Arena:
+        """Word arena ``k`` (the upload of staging copy ``k`` reads it, behind its event), with room for
+        ``words``."""
         arena = self._arenas[k]
-        if arena is None or arena.numel() < nbytes:
-            arena = torch.empty(max(nbytes, 1 << 16) * 2, dtype=torch.uint8, pin_memory=self._pin)
+        if arena is None or arena.cap < words:
+            arena = _Arena(max(words, 1 << 12), self._pin, self.device)
             self._arenas[k] = arena
+            if not self._words.numel():
+                self._words = self._slab_t[: self._slab_t.numel() // 4 * 4].view(torch.int32)
         return arena
 
     def _copy(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> int:
@@ -301,6 +297,36 @@ class Committer:
         self._events[k] = event
         self._turn = (k + 1) % len(self._targets)
         return 0
+
+
+class _Arena:
+    """A packed upload's memory: host bytes (pinned off the cpu) with room for ``cap`` words (a power of two)
+    and, off the cpu, as many device bytes; per bucket ``b`` the views an upload of ``b`` words uses, made
+    once (the packer pads every upload to a bucket)."""
+
+    def __init__(self, words: int, pin: bool, device: torch.device) -> None:
+        self.cap = 1 << max(words - 1, 63).bit_length()
+        self._host_t = torch.empty(12 * self.cap, dtype=torch.uint8, pin_memory=pin)
+        self.host = self._host_t.numpy()
+        self._dev_t = torch.empty(12 * self.cap, dtype=torch.uint8, device=device) if pin else None
+        self._views: dict[int, tuple[Any, ...]] = {}
+
+    def placed(self, b: int) -> tuple[tuple[torch.Tensor], torch.Tensor]:
+        """Upload the first ``b`` packed words (off the cpu: one copy); the (indices,), words to place."""
+        views = self._views.get(b)
+        if views is None:
+            on = self._dev_t if self._dev_t is not None else self._host_t
+            views = (
+                self._host_t[: 12 * b],
+                on[: 12 * b],
+                on[: 8 * b].view(torch.int64),
+                on[8 * b : 12 * b].view(torch.int32),
+            )
+            self._views[b] = views
+        host, dev, idx, val = views
+        if self._dev_t is not None:
+            dev.copy_(host, non_blocking=True)
+        return (idx,), val
 
 
 def _rectangle(slot: Slot, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:
