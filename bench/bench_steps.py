@@ -200,7 +200,6 @@ class VllmBlockTable:
             block_sizes=[block] * len(GROUPS), max_num_blocks=[-(-CONTEXT // block)] * len(GROUPS),
         )  # fmt: skip
         self.row_bytes = sum(t.block_table.gpu[0].nbytes for t in self.block_table.block_tables)
-        self.bytes = 0
 
     def edit(self, ev: Events) -> None:
         bt = self.block_table
@@ -216,7 +215,10 @@ class VllmBlockTable:
     def __call__(self, s: StepIn) -> None:
         self.edit(s.events)
         self.block_table.commit_block_table(s.n)
-        self.bytes = s.n * self.row_bytes
+
+    def written(self, s: StepIn) -> int:
+        """Bytes step ``s`` wrote to the device-side buffers (read after the timing)."""
+        return s.n * self.row_bytes
 
     def view(self, name: str, rows: int) -> np.ndarray | None:
         kind, _, group = name.partition(".")
@@ -245,9 +247,9 @@ class Runner:
         self.arange_np = np.arange(arange_size, dtype=np.int64)
         self.query_pos = v.CpuGpuBuffer(arange_size, dtype=torch.int64, device=CPU)
 
-    def prepare_inputs(self, num_reqs: int, num_scheduled_tokens: np.ndarray) -> int:
+    def prepare_inputs(self, num_reqs: int, num_scheduled_tokens: np.ndarray) -> None:
         """``GPUModelRunner._prepare_inputs``' statements for block tables, query_start_loc, positions,
-        seq_lens and slot mappings, in its order (vLLM 0.32.0); returns the bytes they write on the device."""
+        seq_lens and slot mappings, in its order (vLLM 0.32.0)."""
         self.block_table.commit_block_table(num_reqs)
         req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled_tokens)
         cu_num_tokens = self.v.get_cumsum_and_arange(self, num_scheduled_tokens, self.query_pos.np)
@@ -275,11 +277,14 @@ class Runner:
         self.block_table.compute_slot_mapping(
             num_reqs, self.query_start_loc.gpu[: num_reqs + 1], self.positions[:total_num_scheduled_tokens]
         )
+
+    def written(self, num_reqs: int, num_tokens: int) -> int:
+        """Bytes :meth:`prepare_inputs` writes on the device side besides the block tables: query_start_loc
+        and seq_lens whole, num_computed_tokens and num_scheduled_tokens (int32 per request), req_indices,
+        query_pos, positions and a slot mapping per group (int64 per token)."""
         groups = len(self.block_table.block_tables)
-        return (
-            self.query_start_loc.gpu.nbytes + self.seq_lens.nbytes + num_reqs * 4 * 2
-            + total_num_scheduled_tokens * 8 * (3 + groups)
-        )  # fmt: skip
+        whole = self.query_start_loc.gpu.nbytes + self.seq_lens.nbytes
+        return whole + num_reqs * 4 * 2 + num_tokens * 8 * (3 + groups)
 
 
 class VllmRunner(VllmBlockTable):
@@ -293,7 +298,10 @@ class VllmRunner(VllmBlockTable):
         ev = s.events
         self.edit(ev)
         self.runner.num_computed_tokens_cpu[: s.n] = ev.computed
-        self.bytes = s.n * self.row_bytes + self.runner.prepare_inputs(s.n, ev.scheduled)
+        self.runner.prepare_inputs(s.n, ev.scheduled)
+
+    def written(self, s: StepIn) -> int:
+        return s.n * self.row_bytes + self.runner.written(s.n, int(s.events.scheduled.sum()))
 
     def view(self, name: str, rows: int) -> np.ndarray | None:
         kind, _, group = name.partition(".")
@@ -346,13 +354,14 @@ class Bound:
         self.sb = sb
         self.host = Host(sb)
         self.bound = sb.bind(self.host.arrays)
-        self.bytes = 0
 
     def __call__(self, s: StepIn) -> None:
         self.host.apply(s.writes)
         self.host.arrays[QSL][: s.n + 1] = s.qsl
         self.sb.refresh(s.size, self.bound, num_reqs=s.n)
-        self.bytes = self.sb.stats.last_bytes
+
+    def written(self, s: StepIn) -> int:
+        return self.sb.stats.last_bytes
 
     def view(self, name: str, rows: int) -> np.ndarray:
         return self.sb.full[name][:rows].numpy()
@@ -365,14 +374,15 @@ class Staged:
         self.sb = sb
         # A server keeps its handles (as vLLM keeps its BlockTable): stage() once per buffer.
         self.handles = {name: sb.stage(name) for name in sb.names if name != QSL}
-        self.bytes = 0
 
     def __call__(self, s: StepIn) -> None:
         handles = self.handles
         for name, op, args in s.writes:
             getattr(handles[name], op)(*args)
         self.sb.refresh(s.size, {QSL: s.qsl}, num_reqs=s.n)
-        self.bytes = self.sb.stats.last_bytes
+
+    def written(self, s: StepIn) -> int:
+        return self.sb.stats.last_bytes
 
     def view(self, name: str, rows: int) -> np.ndarray:
         return self.sb.full[name][:rows].numpy()
@@ -406,7 +416,7 @@ def _timed(cs: dict[str, Any], inputs: list[StepIn]) -> tuple[dict[str, list[flo
                     dt = clock() - t0
                     if i:
                         us[k].append(dt / 1e3)
-                        nbytes[k].append(c.bytes)
+                        nbytes[k].append(c.written(s))
     finally:
         gc.enable()
     return us, nbytes
