@@ -6,13 +6,16 @@ columns touches the rectangle ``[:max(n, end, rows), :max(w, cols)]`` of that bu
 last padded row a ``repeat_last`` buffer fills at this capture size; 0 when no live row is there to repeat),
 so a refresh costs O(live rows × live width + the cells earlier refreshes dirtied), never O(capacity).
 
-The write runs in the native kernel when it is built (:mod:`graphbuf.buffers.native`; same cells, same
+The write runs in the buffers' kernel when they were built with it (``layout.kernel``; same cells, same
 values), else through numpy. On the cpu the rectangles are written into the slab in place. Staged (every
-accelerator; a cpu slab on request) they are written into one of ``depth`` host staging copies, then
-uploaded rectangle by rectangle with non-blocking copies on the device's current stream, then
-device-resident sources are copied on the device. An event recorded after the uploads fences each staging
-copy: it is reused only after its last upload finished, so ``depth`` must be at least the number of
-refreshes in flight.
+accelerator; a cpu slab on request) they are written into one of ``depth`` host staging copies; then, with
+the native packer (``_staged.pack``), every rectangle of 4-byte elements up to :data:`PACK_MAX` bytes and
+the refresh's staged cells go into one arena as slab word indices and words, uploaded in one non-blocking
+copy and placed by one ``index_put_`` of the slab viewed as int32 words (device work independent of the
+number of buffers); larger rectangles, narrower elements and (without the packer) every rectangle are
+uploaded one copy each; device-resident sources are copied on the device last. An event recorded after
+the uploads fences each staging copy and its arena: they are reused only after their upload finished, so
+``depth`` must be at least the number of refreshes in flight.
 """
 
 from __future__ import annotations
