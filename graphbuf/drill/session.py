@@ -400,7 +400,28 @@ def drill_plan(
             "the "
             f"limit of {p.max_bytes} bytes; lower num_blocks or raise limits.max_bytes"
         )
+    keys, step = _step_bytes(p)
+    if step > p.max_bytes:
+        where = spec if isinstance(spec, str) else spec_obj.name
+        raise PlanTooLargeError(
+            f"{where}: limits.max_bytes: a drill step of {p.capture_sizes[-1]} tokens reads up to {keys} "
+            f"keys per token (block-table columns x block_size): at least {step} bytes of working memory "
+            f"(one byte per token and key), above the limit of {p.max_bytes} bytes; lower max_model_len or "
+            "raise limits.max_bytes"
+        )
     return DrillPlan(spec_obj, p, tasks)
+
+
+def _step_bytes(p: Plan) -> tuple[int, int]:
+    """(keys, bytes): the keys one token of a drill step can address (a block-id buffer's columns times
+    ``block_size``) and a lower bound on the step's working memory: one byte per token of the largest
+    capture size and key (the attention tasks build at least a mask that size)."""
+    num_blocks = p.constants.get("num_blocks")
+    block = int(p.constants.get("block_size") or 1)
+    blocks = [b for b in p.buffers if b.cols is not None and num_blocks is not None]
+    widths = [b.shape[1] for b in blocks if b.max == num_blocks - 1]  # block ids: a block table
+    keys = max(widths, default=0) * block
+    return keys, p.capture_sizes[-1] * keys
 
 
 class DrillSession:
