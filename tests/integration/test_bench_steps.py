@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -67,3 +68,28 @@ def test_the_benchmark_refuses_a_vllm_imported_before_the_cpu_build() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "vllm was already imported from /elsewhere/vllm.py" in proc.stdout, proc.stderr
+
+
+class _Fake:
+    def __init__(self, table: np.ndarray, has: tuple[str, ...]) -> None:
+        self.table, self.has = table, has
+
+    def view(self, name: str, rows: int) -> np.ndarray | None:
+        return self.table[:rows] if name in self.has else None
+
+
+def test_the_live_content_check_names_the_contender_and_buffer_that_differ() -> None:
+    import bench_steps
+
+    table = np.arange(12, dtype=np.int32).reshape(4, 3)
+    other = table.copy()
+    other[1, 2] = -5  # a live row
+    names = ["block_table.full", "seq_lens"]
+    same = {"staged": _Fake(table, tuple(names)), "vllm_blocktable": _Fake(table, ("block_table.full",))}
+    bench_steps._same(same, names, 2, "here")  # a contender without a buffer is not compared on it
+    differs = {**same, "vllm": _Fake(other, ("block_table.full",))}
+    with pytest.raises(AssertionError, match=r"here: block_table\.full: vllm differs from staged"):
+        bench_steps._same(differs, names, 2, "here")
+    other[1, 2] = table[1, 2]
+    other[3, 0] = -5  # past the live rows: not compared
+    bench_steps._same(differs, names, 2, "here")
