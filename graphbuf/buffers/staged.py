@@ -441,15 +441,15 @@ class StagedBuffer:
     @property
     def host(self) -> np.ndarray:
         """The host state (a read-only view that cannot be made writable; bfloat16 is refused, so values
-        are in the buffer's dtype)."""
-        return self._host
+        are in the buffer's dtype); a new view each time, so reshaping one in place changes no other."""
+        return self._host.view()
 
     @property
     def lengths(self) -> np.ndarray:
         """2-D: per row, the columns that may hold values (read-only as :attr:`host`; the writes keep it)."""
         if self._lens is None:
             raise RefreshError(f"lengths: buffer {self.name!r} is 1-D; it has no row lengths")
-        return self._lens
+        return self._lens.view()
 
     @property
     def pending(self) -> bool:

@@ -95,6 +95,9 @@ def test_lengths_and_host_cannot_be_made_writable(kind: str) -> None:
             arr.flags.writeable = True
     h.append(0, [3])
     assert h.host[0, :4].tolist() == [1, 2, 3, 0] and h.lengths[0] == 3
+    mine = h.host
+    mine.shape = (-1,)  # a caller's own view, reshaped in place: no other view changes
+    assert h.host.ndim == 2 and h.lengths.shape == (16,)
 
 
 # ------------------------------------------------------------------ bytes another buffer or step did not ask
