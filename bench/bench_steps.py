@@ -32,7 +32,8 @@ bytes written to the captured buffers:
 
 All four must leave the same live contents (n rows, n + 1 offsets, 4n slots; checked after each trace,
 outside timing; vLLM leaves the rows past n as they were, graphbuf pads them). The edits come in the trace's
-order (condense, then join; vLLM's scheduler puts joins into holes first: the same kinds and counts of edits).
+order, condense then join, so that rows agree; vLLM's scheduler puts joins into the holes first and then
+moves fewer rows (here up to one ``move_row`` per finished request, about 1 in 64 rows a step).
 Left out of (a), as graphbuf has no such buffer: input_ids (``positions_np``, ``index_select``), the
 optimistic seq_lens, the discard mask, M-RoPE and the async / spec-decode corrections. Timed steps run under
 ``torch.inference_mode()``, as vLLM's ``execute_model`` does.
@@ -41,7 +42,9 @@ Shims, for device plumbing only (vLLM's code runs unchanged):
 
 * ``VLLM_TARGET_DEVICE=cpu`` (``vllm_cpu.activate``): vLLM's CPU platform, no pinned memory;
 * ``device=cpu`` for every ``CpuGpuBuffer`` and device tensor: the "gpu" side is a second cpu tensor (the
-  captured buffer) and ``copy_to_gpu`` a cpu-to-cpu ``copy_``;
+  captured buffer) and ``copy_to_gpu`` a cpu-to-cpu ``copy_`` (on a GPU an asynchronous copy whose host
+  time does not grow with its bytes: here (a) and (b) grow with n × width, as graphbuf's in-place writes do
+  with what changed);
 * the slot-mapping Triton kernel runs as on vLLM's CPU build: ``CpuPlatform.import_kernels()`` and
   ``register_triton_kernel_overrides()`` (as vLLM's worker calls it) route it to vLLM's C++ op;
 * :class:`Runner` holds the buffers ``GPUModelRunner.__init__`` and ``InputBatch`` allocate for these
