@@ -34,9 +34,10 @@ All four must leave the same live contents (n rows, n + 1 offsets, 4n slots; che
 outside timing; vLLM leaves the rows past n as they were, graphbuf pads them). The edits come in the trace's
 order, condense then join, so that rows agree; vLLM's scheduler puts joins into the holes first and then
 moves fewer rows (here up to one ``move_row`` per finished request, about 1 in 64 rows a step).
-Left out of (a), as graphbuf has no such buffer: input_ids (``positions_np``, ``index_select``), the
-optimistic seq_lens, the discard mask, M-RoPE and the async / spec-decode corrections. Timed steps run under
-``torch.inference_mode()``, as vLLM's ``execute_model`` does.
+Left out of (a), as graphbuf has no such buffer: input_ids (``positions_np``, ``index_select``,
+``_prepare_input_ids``), ``prev_positions``, the optimistic seq_lens, ``num_accepted_tokens``, the discard
+mask, M-RoPE and the async / spec-decode corrections. Timed steps run under ``torch.inference_mode()``, as
+vLLM's ``execute_model`` does.
 
 Shims, for device plumbing only (vLLM's code runs unchanged):
 
