@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -367,8 +368,15 @@ def _cmd_drill(args: argparse.Namespace) -> int:
     keep_freed_memory()  # a drill is a process of its own: its attention temporaries reuse heap memory
     if args.model is not None:  # the whole-model drill (graphbuf/drill/model, needs the `model` extra)
         from graphbuf.drill.model import run_model_drill_cli
+        from graphbuf.drill.progress import Progress
 
-        return run_model_drill_cli(args, overrides)
+        # Its loop may report steps through args.progress; until it does, the elapsed time every 5 s.
+        args.progress = Progress()
+        args.progress("whole-model drill", 0, 1)
+        try:
+            return run_model_drill_cli(args, overrides)
+        finally:
+            args.progress.close()
     if args.padding_contract:
         from graphbuf.drill.padding_contract import run_padding_contract_cli
 
@@ -521,11 +529,21 @@ def _fail(args: argparse.Namespace, label: str, exc: Exception, code: int) -> in
     return code
 
 
+def _program() -> str:
+    """How this process runs graphbuf, for the commands it prints (a replay command): the console script
+    as typed (``.venv/bin/graphbuf``), ``python -m graphbuf``, or ``graphbuf`` when called from Python."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if Path(argv0).name == "__main__.py" and Path(argv0).parent.name == "graphbuf":
+        return "python -m graphbuf"
+    return shlex.quote(argv0) if Path(argv0).name == "graphbuf" else "graphbuf"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code. Labels on stderr: ``spec error`` (the spec is wrong, exit 2),
     ``usage error`` (an argument, a missing file or dependency, an unavailable device; exit 2), ``error``
     (exit 1)."""
     args = build_parser().parse_args(argv)
+    args.program = _program()
     try:
         return args.func(args)
     except SpecError as exc:

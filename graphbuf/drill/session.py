@@ -954,7 +954,8 @@ def run_drill_cli(args: argparse.Namespace, overrides: Mapping[str, int], import
     if report.failure is not None and args.replay is None:
         allow = "".join(f" --allow-factory {shlex.quote(m)}" for m in args.allow_factory)
         report.failure["replay_command"] = (
-            f"graphbuf drill {shlex.quote(args.spec)} --replay {shlex.quote(str(save))}{allow}"
+            f"{getattr(args, 'program', 'graphbuf')} drill {shlex.quote(args.spec)} --replay "
+            f"{shlex.quote(str(save))}{allow}"
         )
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.render())
     return 0 if report.ok else 1

@@ -517,3 +517,27 @@ def test_every_drill_mode_prints_progress_off_a_terminal(
     if "--padding-contract" not in mode:  # the contract captures its one size without the runner's sizes
         assert "drill: 2/2 sizes captured in " in err, err
     assert f" {unit}" in err and "\r" not in err, err
+
+
+def test_the_whole_model_drill_prints_its_elapsed_time_off_a_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its loop is graphbuf/drill/model's; the CLI hands it ``args.progress`` and, meanwhile, the ticker
+    prints the elapsed time every INTERVAL (a stand-in run of 0.3 s here, 10 ms interval)."""
+    import time
+
+    import graphbuf.drill.model
+    import graphbuf.drill.progress
+
+    seen = []
+
+    def run(args: Any, overrides: Any) -> int:
+        seen.append(args.progress)
+        time.sleep(0.3)
+        return 0
+
+    monkeypatch.setattr(graphbuf.drill.progress, "INTERVAL", 0.01)
+    monkeypatch.setattr(graphbuf.drill.model, "run_model_drill_cli", run)
+    code, _, err = _run(capsys, "drill", GEMMA, "--model", "tiny")
+    assert code == 0 and isinstance(seen[0], graphbuf.drill.progress.Progress)
+    assert err.count("drill: 0/1 whole-model drill, ") >= 2 and " s so far" in err, err
