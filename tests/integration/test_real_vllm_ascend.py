@@ -1,11 +1,11 @@
-"""Runs ``tests/integration/real_vllm_ascend/`` against both real upstreams: vllm-ascend 0.23.0.post1 + vLLM
-0.23.0
-and vllm-ascend main 182b75ea + vLLM 0.27.1 (``install.UPSTREAMS``).
+"""Runs ``tests/integration/real_vllm_ascend/`` against the three real upstreams (``install.UPSTREAMS``):
+vllm-ascend 0.23.0.post1 + vLLM 0.23.0, vllm-ascend main 182b75ea + vLLM 0.27.1, and the reconstructed
+UpdatableGraph tree (182b75ea with the post-change graph files, standing for 0.30+) + vLLM 0.28.0.
 
 The real packages go first on ``sys.path`` of a subprocess only (its own pytest run, bootstrapped by
 ``tests/integration/real_vllm_ascend/conftest.py`` with ``GRAPHBUF_REAL_UPSTREAM``), never in this process.
-``install.py`` installs them once into ``.cache/real-vllm-ascend[-main]`` (git-ignored); this test installs
-them itself when they are missing.
+``install.py`` installs them once into ``.cache/real-vllm-ascend[-main|-updatable]`` (git-ignored); this test
+installs them itself when they are missing.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ ROOT = HERE.parents[1]
 pytestmark = pytest.mark.real_vllm_ascend
 
 
-UPSTREAMS = ("0.23", "main")
+UPSTREAMS = ("0.23", "main", "updatable")
 """``install.UPSTREAMS`` keys (the harness module is imported only inside the fixture)."""
 
 
@@ -85,7 +85,9 @@ def test_ci_stops_when_the_readme_test_command_fails(tmp_path: Path) -> None:
 
 
 def test_harness_pins_every_package_and_never_torch() -> None:
-    for name in ("requirements.txt", "build-requirements.txt"):
+    names = sorted(p.name for p in REAL.glob("*requirements*.txt"))
+    assert {"requirements.txt", "requirements-main.txt", "requirements-updatable.txt"} <= set(names)
+    for name in names:
         pins = [line for line in (REAL / name).read_text().splitlines() if line and not line.startswith("#")]
         assert pins and all("==" in line for line in pins), name
         packages = {line.split("==")[0].lower() for line in pins}

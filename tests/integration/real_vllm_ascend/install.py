@@ -1,9 +1,15 @@
-"""Install the real vllm-ascend Python packages and their vLLM pairs for CPU tests: two upstreams.
+"""Install the real vllm-ascend Python packages and their vLLM pairs for CPU tests: three upstreams.
 
 * ``0.23``: vllm-ascend 0.23.0.post1 (registry sdist) + vLLM 0.23.0, in ``.cache/real-vllm-ascend``;
 * ``main``: vllm-ascend main 182b75ea (the tarball in the shared folder's ``upstream/``, installed offline
   with ``SETUPTOOLS_SCM_PRETEND_VERSION``: a tarball has no git history) + vLLM 0.27.1, in
-  ``.cache/real-vllm-ascend-main``.
+  ``.cache/real-vllm-ascend-main``;
+* ``updatable``: the reconstructed UpdatableGraph tree (182b75ea with the post-change ``updatable_graph.py``,
+  ``acl_graph.py``, ``attention_v1.py`` and ``utils.py`` of one public commit, daa64412; its
+  ``RECONSTRUCTION.md`` says what is coherent), the shared folder's tarball, + vLLM 0.28.0, in
+  ``.cache/real-vllm-ascend-updatable``. It stands for vllm-ascend 0.30+, where the graph owns the tasks.
+
+Every tarball is checked against its sha256 (:data:`SHA256`) before pip reads it.
 
 Nothing is compiled and nothing enters the calling venv: everything goes under the upstream's cache
 directory (git-ignored):
@@ -18,10 +24,9 @@ directory (git-ignored):
 The shared folder is ``ROOT.parent / "shared"`` (CI lays it beside the clone), or ``GRAPHBUF_SHARED`` when
 set; the ``main`` upstream fails loudly when its tarball is not there. The tarball is read only: pip reads it
 in place and writes nothing beside it. Idempotent: a stamp file per upstream records what was installed; a
-second run with the same pins does nothing. Run ``python tests/integration/real_vllm_ascend/install.py [NAME
-...]``
-(default: both; prints the cache paths; also installs upstream's unit-test dependencies, :func:`ensure_ut`);
-tests call :func:`ensure`.
+second run with the same pins does nothing. Run ``python tests/integration/real_vllm_ascend/install.py
+[NAME ...]`` (default: all three; prints the cache paths; also installs upstream's unit-test dependencies,
+:func:`ensure_ut`); tests call :func:`ensure`.
 """
 
 from __future__ import annotations
@@ -71,14 +76,32 @@ UPSTREAMS: dict[str, Upstream] = {
         "main", ROOT / ".cache" / "real-vllm-ascend-main", "vllm-ascend-main-182b75ea.tar.gz", "vllm==0.27.1",
         "requirements-main.txt", pretend_version="0.19.1rc2.dev1637+g182b75ea8",
     ),
+    "updatable": Upstream(
+        "updatable", ROOT / ".cache" / "real-vllm-ascend-updatable",
+        "vllm-ascend-main-updatable-recon-daa6441.tar.gz", "vllm==0.28.0", "requirements-updatable.txt",
+        pretend_version="0.28.0.dev0+recon.daa6441",
+    ),
 }  # fmt: skip
 """The upstreams every real-module test runs against."""
 
 UT_DEPS = ROOT / ".cache" / "upstream-ut-deps"
 """What vllm-ascend's own ``tests/ut`` conftest imports beyond an upstream's chain (``requirements-ut.txt``),
-shared by both upstreams; :func:`ensure_ut`."""
-UT_TARBALLS = {"0.23": "vllm-ascend-v0.23.0-tests-ut.tar.gz", "main": "vllm-ascend-182b75ea-tests-ut.tar.gz"}
-"""Upstream's unit tests per upstream, in the shared folder's ``upstream/``."""
+shared by every upstream; :func:`ensure_ut`."""
+UT_TARBALLS = {
+    "0.23": "vllm-ascend-v0.23.0-tests-ut.tar.gz",
+    "main": "vllm-ascend-182b75ea-tests-ut.tar.gz",
+    "updatable": "vllm-ascend-updatable-recon-daa6441-tests-ut.tar.gz",
+}
+"""Upstream's unit tests per upstream, in the shared folder's ``upstream/`` (the reconstruction's are
+182b75ea's, unchanged, with its ``EXPECTED-RESULTS.md``)."""
+SHA256 = {
+    "vllm-ascend-main-182b75ea.tar.gz": "938f7918200d8c743b45f594c98387c1ba419677e50292b260e93217f819d83b",
+    "vllm-ascend-main-updatable-recon-daa6441.tar.gz":
+        "68ccc42a36fcd0836e1889f478340beabc52bfbccbb309c2e494bdf3a384e903",
+    "vllm-ascend-updatable-recon-daa6441-tests-ut.tar.gz":
+        "9cc2c882766008dc1f5e79e23fbed9b112ffc77fad765893a2838df79a879b79",
+}  # fmt: skip
+"""The published sha256 of the shared tarballs (``upstream/README.md``), checked by :func:`shared_tarball`."""
 
 # Kept for callers of the one-upstream harness.
 CACHE = UPSTREAMS["0.23"].cache
@@ -97,20 +120,32 @@ def shared_dir() -> Path:
     return path
 
 
+def shared_tarball(name: str) -> Path:
+    """The shared folder's ``upstream/<name>``, its sha256 checked where one is published (ValueError on a
+    mismatch: a different tree would silently change what every real-module test means)."""
+    tarball = shared_dir() / "upstream" / name
+    if not tarball.is_file():
+        raise FileNotFoundError(f"{tarball} is missing (the shared folder's upstream sources)")
+    expected = SHA256.get(name)
+    if expected is not None:
+        got = hashlib.sha256(tarball.read_bytes()).hexdigest()
+        if got != expected:
+            raise ValueError(f"{tarball}: sha256 {got}, expected {expected} (upstream/README.md)")
+    return tarball
+
+
 def _source(upstream: Upstream) -> str:
     if upstream.pretend_version is None:
         return upstream.vllm_ascend
-    tarball = shared_dir() / "upstream" / upstream.vllm_ascend
-    if not tarball.is_file():
-        raise FileNotFoundError(f"{upstream.name}: {tarball} is missing; cannot install vllm-ascend main")
-    return str(tarball)
+    return str(shared_tarball(upstream.vllm_ascend))
 
 
 def _stamp(upstream: Upstream) -> str:
     h = hashlib.sha256()
     for name in (upstream.requirements, "build-requirements.txt"):
         h.update((HERE / name).read_bytes())
-    h.update(f"{upstream!r} {_SITE_LAYOUT} {sys.version_info[:2]}".encode())
+    what = (upstream.name, upstream.vllm_ascend, upstream.vllm, upstream.pretend_version)  # not the path
+    h.update(f"{what!r} {_SITE_LAYOUT} {sys.version_info[:2]}".encode())
     return h.hexdigest()[:16]
 
 

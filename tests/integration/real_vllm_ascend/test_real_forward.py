@@ -19,6 +19,7 @@ from real_fixtures import (
     FULL_KV_HEADS,
     FULL_LAYER,
     KERNEL_BLOCK,
+    LEGACY_MECHANISM,
     NUM_HEADS,
     SLIDING_HEAD,
     SLIDING_KV_HEADS,
@@ -168,6 +169,7 @@ def _capture_sliding(config: Any, size: int, gen: torch.Generator) -> tuple[Any,
     return builder, impl, metadata
 
 
+@LEGACY_MECHANISM
 @pytest.mark.parametrize("form", UPDATE_FORMS)
 def test_update_graph_params_pairs_only_upstream_layers(patched, form: str) -> None:
     """Capture one routed (full, 512) and one upstream (sliding) layer at size 16, then run the real task

@@ -27,6 +27,7 @@ import torch_npu_stub
 from real_fixtures import (
     FULL_HEAD,
     FULL_LAYER,
+    LEGACY_MECHANISM,
     NUM_HEADS,
     SLIDING_HEAD,
     SLIDING_KV_HEADS,
@@ -129,6 +130,7 @@ def test_a_gemma4_hf_config_turns_on_layer_aware_replay(gemma4: Any) -> None:
     assert upstream.first_miss(av1) is None  # the whole surface holds on this upstream
 
 
+@LEGACY_MECHANISM
 @pytest.mark.parametrize("num_spec", [0, 3], ids=["decode", "mtp-verify"])
 def test_gemma4_full_layers_run_graphbuf_and_sliding_layers_upstream_layer_aware(
     patched: Any, gemma4: Any, num_spec: int

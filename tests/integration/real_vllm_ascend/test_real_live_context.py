@@ -20,6 +20,7 @@ import torch_npu_stub
 from real_fixtures import (
     FULL_HEAD,
     FULL_LAYER,
+    LEGACY_MECHANISM,
     NUM_HEADS,
     UPDATE_FORMS,
     make_builder,
@@ -84,6 +85,7 @@ def _update(config: Any, attn_metadata: dict[str, Any], form: str) -> Any:
     return context
 
 
+@LEGACY_MECHANISM
 @pytest.mark.parametrize("form", UPDATE_FORMS)
 def test_paged_decode_host_lengths_are_reissued_by_update_graph_params(patched, form: str) -> None:
     """Two routed layers and one upstream sliding layer captured at SIZE; a new batch is built; the real

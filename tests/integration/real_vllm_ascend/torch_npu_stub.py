@@ -10,7 +10,15 @@ Nothing here computes on an NPU. The stub provides:
 * ``torch.npu``: streams and events that do nothing, ``ExternalEvent``, the graph task-group and
   task-update calls (recorded in :data:`CALLS`, task-group handles are increasing ints), device queries
   that report one device;
-* ``torch.Tensor.pin_memory`` replaced by identity (pinning needs an accelerator runtime on CPU torch).
+* ``torch.Tensor.pin_memory`` replaced by identity (pinning needs an accelerator runtime on CPU torch);
+* ``torch.npu.NPUGraph`` and ``torch.npu.graph``: a graph records nothing and its ``replay`` computes
+  nothing (what a replay computes on CPU is the test's to emulate), but it keeps ExternalEvent semantics:
+  every ``ExternalEvent`` waited on while the graph captures is a wait the replay performs. A replay consumes
+  one record of each such event (made before it, as the legacy ``update_graph_params`` does, or after it, as
+  ``UpdatableGraph.update`` does); a wait left unmatched by the next synchronization point (a stream or
+  device ``synchronize``, or the graph's next replay) is where a device blocks forever, so it raises
+  :class:`DeviceHang` naming the graph and how many waits were never released;
+* ``torch_npu._C._weak_ref_tensor``: identity (a CPU tensor cannot be referenced without owning it).
 
 :func:`install` puts all of it in place; it is idempotent. It must run before anything imports vllm_ascend.
 """
@@ -27,7 +35,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CALLS", "RESULTS", "RecordedOp", "install"]
+__all__ = ["CALLS", "RESULTS", "DeviceHang", "NPUGraph", "RecordedOp", "forget_graphs", "install"]
 
 CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 """Every recorded op and graph call since the last ``CALLS.clear()``."""
@@ -99,6 +107,10 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if module.__name__ == "torch_npu":
             module.__version__ = "2.10.0.post4"
             module.float = torch.float
+            native = _Anything("torch_npu._C")
+            native.__path__ = []
+            native._weak_ref_tensor = lambda tensor: tensor
+            module._C = sys.modules["torch_npu._C"] = native
         parent, _, child = module.__name__.rpartition(".")
         if parent and parent in sys.modules:
             setattr(sys.modules[parent], child, module)
@@ -115,27 +127,113 @@ class _Stream:
         pass
 
     def synchronize(self) -> None:
-        pass
+        _synchronize()
 
     def record_event(self, event: Any = None) -> Any:
         return event if event is not None else _Event()
 
 
+class DeviceHang(RuntimeError):
+    """A replayed graph waits on an ExternalEvent nobody recorded: on a device the stream blocks forever."""
+
+
 class _Event:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        self.records = 0  # records not yet consumed by a replay's wait
+        self.blocked = 0  # replay waits not yet released by a record
 
     def record(self, stream: Any = None) -> None:
         CALLS.append(("Event.record", (), {}))
+        if self.blocked:
+            self.blocked -= 1
+        else:
+            self.records += 1
 
     def wait(self, stream: Any = None) -> None:
         CALLS.append(("Event.wait", (), {}))
+        if _capturing:
+            _capturing[-1].waits.append(self)
 
     def reset(self, stream: Any = None) -> None:
         CALLS.append(("Event.reset", (), {}))
 
     def synchronize(self) -> None:
         pass
+
+
+_capturing: list[NPUGraph] = []
+_replayed: list[NPUGraph] = []
+
+
+class NPUGraph:
+    """``torch.npu.NPUGraph`` on CPU: capture and replay compute nothing; ExternalEvent waits are kept (see
+    the module docstring). ``replays`` counts replays."""
+
+    def __init__(self) -> None:
+        self.waits: list[_Event] = []
+        self.replays = 0
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        CALLS.append(("NPUGraph.capture_begin", (), {}))
+        _capturing.append(self)
+
+    def capture_end(self) -> None:
+        CALLS.append(("NPUGraph.capture_end", (), {}))
+        _capturing.remove(self)
+
+    def replay(self) -> None:
+        CALLS.append(("NPUGraph.replay", (), {}))
+        self.check_released()
+        for event in self.waits:
+            if event.records:
+                event.records -= 1
+            else:
+                event.blocked += 1
+        self.replays += 1
+        if self not in _replayed:
+            _replayed.append(self)
+
+    def check_released(self) -> None:
+        """DeviceHang if a wait of this graph's last replay was never released by a record."""
+        stuck = sum(e.blocked for e in self.waits)
+        if stuck:
+            raise DeviceHang(
+                f"replay {self.replays} of a graph waits on {stuck} of its {len(self.waits)} captured "
+                "ExternalEvent(s) that nothing recorded: on a device this stream blocks forever (the task "
+                "update that records them did not run for this replay)"
+            )
+
+    def reset(self) -> None:
+        self.waits.clear()
+
+    def pool(self) -> tuple[int, int]:
+        return (0, id(self))
+
+
+class _GraphContext:
+    """``torch.npu.graph(npu_graph, pool=..., stream=...)``: capture_begin on entry, capture_end on exit."""
+
+    def __init__(self, npu_graph: NPUGraph, pool: Any = None, stream: Any = None, **_: Any) -> None:
+        self.graph = npu_graph
+
+    def __enter__(self) -> NPUGraph:
+        self.graph.capture_begin()
+        return self.graph
+
+    def __exit__(self, *exc: Any) -> None:
+        self.graph.capture_end()
+
+
+def forget_graphs() -> None:
+    """Drop every graph's capture and replay state (between tests)."""
+    _capturing.clear()
+    _replayed.clear()
+
+
+def _synchronize(*args: Any, **kwargs: Any) -> None:
+    """A synchronization point: every replayed graph's waits must have been released by now."""
+    for graph in _replayed:
+        graph.check_released()
 
 
 def _task_group_end(stream: Any = None) -> int:
@@ -158,7 +256,9 @@ def _npu_namespace() -> types.ModuleType:
     npu.set_device = lambda *a, **k: None
     npu.device_count = lambda: 1
     npu.is_available = lambda: True
-    npu.synchronize = lambda *a, **k: None
+    npu.synchronize = _synchronize
+    npu.NPUGraph = NPUGraph
+    npu.graph = _GraphContext
     npu.empty_cache = lambda: None
     npu.is_current_stream_capturing = lambda: False
     npu.mem_get_info = lambda *a, **k: (64 << 30, 64 << 30)

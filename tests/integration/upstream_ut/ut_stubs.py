@@ -5,6 +5,12 @@ reaches but that cannot load here.
 2.13) and ``opentelemetry`` (optional tracing, imported by vLLM's OpenAI server modules) become modules
 that answer every attribute with a ``MagicMock``. Nothing the attention and ACL-graph tests exercise runs
 through them. Loaded with ``-p ut_stubs`` before upstream's conftest.
+
+Upstream's conftest stubs ``torch_npu`` with a plain module holding a few ``MagicMock`` attributes; its NPU
+(``a2/``) tests ``patch`` more of them (``patch`` refuses an attribute a module lacks). At session start the
+ops in :data:`NPU_OPS` that the module lacks are added as ``MagicMock``s, so those tests run on CPU instead
+of failing in their decorators; and vLLM's CPU platform, which has no graph pool (an NPU platform hands
+``ACLGraphWrapper`` one), gets a ``MagicMock`` pool.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 from unittest.mock import MagicMock
 
 STUBBED = ("torchvision", "opentelemetry")
+NPU_OPS = ("_npu_paged_attention", "_npu_paged_attention_get_workspace", "npu_fused_infer_attention_score_v2")
+"""``torch_npu`` ops upstream's a2 attention tests patch but its CPU conftest stub does not define."""
 
 
 class _Anything(types.ModuleType):
@@ -45,3 +53,17 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(isinstance(f, _Finder) for f in sys.meta_path):
     sys.meta_path.insert(0, _Finder())
+
+
+def pytest_sessionstart(session: Any) -> None:
+    torch_npu = sys.modules.get("torch_npu")
+    if torch_npu is None:
+        return
+    for name in NPU_OPS:
+        if name not in vars(torch_npu):
+            setattr(torch_npu, name, MagicMock(name=f"torch_npu.{name}"))
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    if getattr(platform, "_global_graph_pool", "absent") is None:
+        platform._global_graph_pool = MagicMock(name="graph_pool")
