@@ -1,8 +1,8 @@
-"""Build of the optional native kernels; everything else is declared in pyproject.toml.
+"""Build of the optional native backend; everything else is declared in pyproject.toml.
 
-``graphbuf.buffers._native`` (the refresh kernel) and ``graphbuf.buffers._staged`` (staged writes) are
-optional: without a C compiler the install still succeeds and refresh and staged writes take their
-Python/numpy paths (``graphbuf.buffers.native.KERNEL`` and ``STAGED`` are None).
+``graphbuf.buffers._native`` (the refresh kernel, ``_native.c``, and staged writes, ``_staged.c``: one
+extension) is optional: without a C compiler the install still succeeds and refresh and staged writes take
+their Python/numpy paths (``graphbuf.buffers.native.KERNEL`` and ``STAGED`` are None).
 """
 
 import sys
@@ -15,14 +15,7 @@ setup(
     ext_modules=[
         Extension(
             "graphbuf.buffers._native",
-            ["graphbuf/buffers/_native.c"],
-            depends=["graphbuf/buffers/_kinds.h"],
-            extra_compile_args=FLAGS,
-            optional=True,
-        ),
-        Extension(
-            "graphbuf.buffers._staged",
-            ["graphbuf/buffers/_staged.c"],
+            ["graphbuf/buffers/_native.c", "graphbuf/buffers/_staged.c"],
             depends=["graphbuf/buffers/_kinds.h"],
             extra_compile_args=FLAGS,
             optional=True,

@@ -759,6 +759,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
+int gb_staged_init(PyObject *mod); /* _staged.c: the staged writes' type and functions */
+
 PyMODINIT_FUNC PyInit__native(void) {
     s_dtype = PyUnicode_InternFromString("dtype");
     s_fast = PyUnicode_InternFromString("fast");
@@ -769,7 +771,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     s_rows_of_requests = PyUnicode_InternFromString("rows_of_requests");
     if (!s_dtype || !s_fast || !s_capacity || !s_ndim || !s_lo || !s_hi || !s_rows_of_requests) return NULL;
     PyObject *mod = PyModule_Create(&module);
-    if (mod != NULL && PyModule_AddIntConstant(mod, "STREAM_MIN", (long)stream_min) < 0) {
+    if (mod != NULL && (PyModule_AddIntConstant(mod, "STREAM_MIN", (long)stream_min) < 0 || gb_staged_init(mod) < 0)) {
         Py_DECREF(mod);
         return NULL;
     }

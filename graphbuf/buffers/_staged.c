@@ -1,4 +1,5 @@
-/* graphbuf.buffers._staged: staged writes and their commit in C (buffer protocol, no numpy C API).
+/* Staged writes and their commit in C (buffer protocol, no numpy C API): part of the one native backend,
+ * graphbuf.buffers._native (this file and _native.c are one extension; gb_staged_init adds these to it).
  *
  * Staged(host, lens, pad, lo, hi, table, index, lock, colmax, top, checks, ndarray)
  *     One staged buffer's host state (graphbuf.buffers.staged): host, the whole allocation (1-D or 2-D,
@@ -1089,7 +1090,7 @@ static PyGetSetDef st_getset[] = {
 };
 
 static PyTypeObject StagedType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "graphbuf.buffers._staged.Staged",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "graphbuf.buffers._native.Staged",
     .tp_basicsize = sizeof(Staged),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "One staged buffer's host state and changed cells.",
@@ -1276,26 +1277,20 @@ out:
     return result;
 }
 
-static PyMethodDef methods[] = {
+static PyMethodDef staged_methods[] = {
     {"commit", CF(gb_commit), METH_FASTCALL, "Check (write False) or write (True) the staged cells of a refresh."},
-    {"pack", CF(gb_pack), METH_FASTCALL, "The staged cells of a refresh as slab words, for one upload."},
+    {"pack", CF(gb_pack), METH_FASTCALL, "A refresh's writes as slab words, for one upload."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_staged", NULL, -1, methods, NULL, NULL, NULL, NULL};
-
-PyMODINIT_FUNC PyInit__staged(void) {
-    if (PyType_Ready(&StagedType) < 0) return NULL;
+/* Adds Staged, commit and pack to the backend's module (graphbuf.buffers._native, made in _native.c). */
+int gb_staged_init(PyObject *mod) {
+    if (PyType_Ready(&StagedType) < 0) return -1;
     s_acquire = PyUnicode_InternFromString("acquire");
     s_release = PyUnicode_InternFromString("release");
     s_normalize = PyUnicode_InternFromString("_normalize");
     s_busy = PyUnicode_InternFromString("_busy");
-    if (!s_acquire || !s_release || !s_normalize || !s_busy) return NULL;
-    PyObject *mod = PyModule_Create(&module);
-    if (!mod) return NULL;
-    if (PyModule_AddObjectRef(mod, "Staged", (PyObject *)&StagedType) < 0) {
-        Py_DECREF(mod);
-        return NULL;
-    }
-    return mod;
+    if (!s_acquire || !s_release || !s_normalize || !s_busy) return -1;
+    if (PyModule_AddFunctions(mod, staged_methods) < 0) return -1;
+    return PyModule_AddObjectRef(mod, "Staged", (PyObject *)&StagedType);
 }

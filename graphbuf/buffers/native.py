@@ -1,4 +1,5 @@
-"""The native kernels (``graphbuf/buffers/_native.c``, ``graphbuf/buffers/_staged.c``), when they were built.
+"""The native backend, when it was built: one extension, ``graphbuf.buffers._native``, from ``_native.c``
+and ``_staged.c``.
 
 :data:`KERNEL` is the compiled module, or None: the install had no C compiler, or ``GRAPHBUF_NATIVE=0``
 was set before import. Either way a refresh writes the same bytes and raises the same errors; the kernel
@@ -15,10 +16,10 @@ numpy calls. Its functions:
   written, when an item needs a cast it does not do, a source is misaligned, or a source shares bytes
   with a buffer the write touches (the numpy write handles those).
 
-The staged-write kernel (:data:`STAGED`) holds a staged buffer's host state and changed cells in C: its
-write methods take plain arguments without a Python frame, and ``commit`` checks and writes a refresh's
-staged cells in one call each (see the header of ``_staged.c``). The Python host state writes the same
-bytes and raises the same errors.
+The same module's staged half (:data:`STAGED`; ``_staged.c``) holds a staged buffer's host state and changed
+cells in C: its write methods take plain arguments without a Python check, ``commit`` checks and writes a
+refresh's staged cells, and ``pack`` packs a refresh's writes for one upload (see the header of
+``_staged.c``). The Python host state writes the same bytes and raises the same errors.
 """
 
 from __future__ import annotations
@@ -35,16 +36,13 @@ def _load() -> tuple[ModuleType | None, ModuleType | None]:
     try:
         from graphbuf.buffers import _native
     except ImportError:
-        _native = None  # type: ignore[assignment]
-    try:
-        from graphbuf.buffers import _staged
-    except ImportError:
-        _staged = None  # type: ignore[assignment]
-    return _native, _staged
+        return None, None
+    return _native, _native
 
 
-#: The compiled refresh kernel (:data:`KERNEL`) and staged-write host state (:data:`STAGED`:
-#: ``_staged.Staged``, ``_staged.commit``), or None (the numpy path; the Python host state of
-#: :mod:`graphbuf.buffers.staged`). :class:`graphbuf.StaticBuffers` reads both once, when it is built (its
-#: backend: ``layout.kernel`` and its staging area's host-state kind); nothing else reads them.
+#: The compiled backend as the refresh kernel (:data:`KERNEL`) and as the staged writes' host state and
+#: packer (:data:`STAGED`: ``Staged``, ``commit``, ``pack``): the same module, or None (the numpy path;
+#: the Python host state of :mod:`graphbuf.buffers.staged`). :class:`graphbuf.StaticBuffers` reads both
+#: once, when it is built (its backend: ``layout.kernel``, its committer's packer and its staging area's
+#: host-state kind); nothing else reads them.
 KERNEL, STAGED = _load()

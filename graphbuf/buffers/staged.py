@@ -97,7 +97,7 @@ class _Checks:
     """The stage-time checks of one staged buffer: every write's arguments in plain form (int rows and
     columns inside the allocation; values and indices fresh contiguous 1-D arrays owned here), or the error
     naming what is wrong. Both host states use them: the Python one on every write, the native one
-    (``graphbuf.buffers._staged``) on any argument it does not take as it is."""
+    (``graphbuf.buffers._native.Staged``) on any argument it does not take as it is."""
 
     def __init__(self, slot: Slot, host: np.ndarray, lens: np.ndarray | None, guard: Exclusive) -> None:
         self.slot = slot
@@ -250,7 +250,7 @@ class _Checks:
 
 class _PyMirror(_Checks):
     """One staged buffer's host state and its uncommitted changes (flat element indices), in Python: the
-    path without the native kernel, the same writes as ``graphbuf.buffers._staged.Staged``'s (its checks
+    path without the native kernel, the same writes as ``graphbuf.buffers._native.Staged``'s (its checks
     are its own, the native one holds a :class:`_Checks`)."""
 
     def __init__(

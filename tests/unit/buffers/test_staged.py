@@ -37,7 +37,7 @@ def _state(b: StaticBuffers) -> bytes:
 
 @pytest.fixture(params=["native", "python"])
 def host_state(request, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Staged buffers' host state: the native one (``graphbuf.buffers._staged``) or the Python one."""
+    """Staged buffers' host state: the native one (``graphbuf.buffers._native.Staged``) or the Python one."""
     if request.param == "python":
         monkeypatch.setattr(native, "STAGED", None)
     elif native.STAGED is None:
