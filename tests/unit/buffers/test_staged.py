@@ -253,8 +253,9 @@ def test_a_refresh_missing_a_buffer_names_only_the_unstaged_ones(host_state: str
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_a_staged_commit_is_one_host_to_device_copy() -> None:
-    """A refresh uploads its staged buffers' changed cells in one copy and the buffers given whole in one
-    more (query_start_loc is repeat_last, never staged): two copies, never one per buffer."""
+    """A refresh uploads its staged buffers' changed cells and the buffers given whole (query_start_loc is
+    repeat_last, never staged) in one packed copy (with the native backend; two without it: the changed
+    cells and the whole buffers apart), never one per buffer."""
     from torch.profiler import ProfilerActivity, profile
 
     b = StaticBuffers(SPEC, overrides={"num_blocks": 64}, device="cuda")
@@ -278,11 +279,47 @@ def test_on_cuda_a_staged_commit_is_one_host_to_device_copy() -> None:
             torch.cuda.synchronize()
         return sum(e.name.startswith("Memcpy HtoD") for e in prof.events()) / k
 
-    assert htod() == 2
+    assert htod() == (1 if native.STAGED is not None else 2)
     for name in b.names:
         if name != "query_start_loc":
             h = b.stage(name).host
             np.testing.assert_array_equal(b.full[name].cpu().numpy()[: h.shape[0]], h, err_msg=name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(native.KERNEL is None, reason="the packed upload is the native backend's")
+def test_on_cuda_a_full_refresh_is_one_host_to_device_copy() -> None:
+    """Issue 32 §3: every buffer given whole from the host is one packed upload (at most 2 with
+    device-resident sources, which are copied on the device), the contents those of a cpu refresh."""
+    from torch.profiler import ProfilerActivity, profile
+
+    b = StaticBuffers(SPEC, overrides={"num_blocks": 64}, device="cuda")
+    ref = StaticBuffers(SPEC, overrides={"num_blocks": 64})
+    rng = np.random.default_rng(5)
+
+    def sources(n: int) -> dict[str, np.ndarray]:
+        return {
+            BT: rng.integers(0, 64, (n, W), dtype=np.int32),
+            "block_table.sliding": rng.integers(0, 64, (n, W), dtype=np.int32),
+            "seq_lens": rng.integers(1, 5000, n, dtype=np.int32),
+            "query_start_loc": np.arange(0, 4 * n + 1, 4, dtype=np.int32),
+            "slot_mapping.full": rng.integers(0, 64 * 128, 4 * n).astype(np.int64),
+            "slot_mapping.sliding": rng.integers(0, 64 * 128, 4 * n).astype(np.int64),
+        }
+
+    for n in (3, 1, 2):
+        b.refresh(4 * n, sources(n))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for n in (3, 1, 2, 3):
+            src = sources(n)
+            b.refresh(4 * n, src)
+            ref.refresh(4 * n, src)
+        torch.cuda.synchronize()
+    assert sum(e.name.startswith("Memcpy HtoD") for e in prof.events()) == 4
+    for name in b.names:
+        assert torch.equal(b.full[name].cpu(), ref.full[name]), name
 
 
 def test_an_eager_step_reads_staged_host_state_and_leaves_the_writes_staged(buffers: StaticBuffers) -> None:
