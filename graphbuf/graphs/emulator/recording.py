@@ -31,11 +31,12 @@ from graphbuf.graphs.modes import DispatchMode
 #: kernels can cost more than the op) and shapes the others without computing them.
 DRY_FROM_BYTES = 1 << 16
 
-#: Op signatures (op, per tensor its dtype, device, rank and contiguity, host arguments by value) a dry
-#: recording has run for real once: the checks a kernel makes beyond its meta kernel (dtypes it implements,
-#: host scalars: ``pow_(-1)`` on integers, division by a zero scalar) depend on nothing else, so a signature
-#: that ran once is only shaped (functional ops) or skipped (writes) from then on. Bounded by the distinct
-#: signatures a program uses.
+#: Op signatures a dry recording has run for real once: the op; per tensor its dtype, device, rank and
+#: contiguity; per host number its type and sign (and finiteness); other host values (dtypes, strings, None)
+#: as they are; lists by the set of their items' keys. The checks a kernel makes beyond its meta kernel
+#: (dtypes it implements, ``pow_(-1)`` on integers, division by a zero scalar) depend on no more, so a
+#: signature that ran once is only shaped (functional ops) or skipped (writes) from then on. Bounded: host
+#: numbers that change per step (a task's host lengths) do not make new signatures.
 VERIFIED: set[tuple[Any, ...]] = set()
 
 #: The arguments ops index by (index_select, gather, index_copy_, scatter: ``index``; embedding,
@@ -402,7 +403,13 @@ def _key(value: Any) -> Any:
         t = value
         return (torch.Tensor, t.dtype, t.device.type, t.dim(), t.is_contiguous(), t.layout)
     if isinstance(value, (list, tuple)):
-        return (type(value), tuple(_key(v) for v in value))
+        return (type(value), frozenset(_key(v) for v in value))
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return (type(value), (value > 0) - (value < 0), value == value and abs(value) != float("inf"))
+    if isinstance(value, complex):
+        return complex
     return (type(value), value)
 
 

@@ -426,3 +426,23 @@ def test_a_tensor_from_before_capture_re_strided_after_use_is_a_capture_error() 
         y = x * 2
         x.t_()
         y.add_(x)
+
+
+def test_host_numbers_changing_per_update_add_no_signatures() -> None:
+    """A task re-issued each step with new host numbers is recorded dry each time after the first: its
+    signatures key numbers by sign, so the set of verified signatures stays bounded."""
+    x, out = torch.randn(64, 64), torch.zeros(64, 64)
+
+    def task(src: torch.Tensor, dst: torch.Tensor, *, scale: float, lens: list[int]) -> None:
+        dst.copy_(src.clamp(max=scale) * src[:, : len(lens)].sum(1, keepdim=True))
+
+    g = Graph("cpu")
+    with g.capture():
+        handle = g.task("custom", task, x, out, scale=1.0, lens=[1, 2])
+    handle.update(scale=2.0, lens=[3, 4])
+    before = len(recording.VERIFIED)
+    for step in range(3, 20):
+        handle.update(scale=float(step), lens=[step, step + 1])
+        g.replay()
+        torch.testing.assert_close(out, x.clamp(max=float(step)) * x[:, :2].sum(1, keepdim=True))
+    assert len(recording.VERIFIED) == before
