@@ -15,9 +15,14 @@ the recorded ops the way a CUDA or NPU graph replays kernels on fixed addresses:
   before capture and was written during capture is restored when capture ends (tensors created during
   capture keep their capture-time values until the first replay rewrites them);
 - like a device graph, a dry capture (``capture(dry=True)``) and a task update compute nothing: functional
-  ops over more than 64 KiB get uninitialized results shaped by their meta kernels and writes to earlier
-  tensors are skipped; an op that fails on such values fails the capture (a task update is then recorded
-  again, computing).
+  ops over more than 64 KiB get uninitialized results shaped by their meta kernels and writes are skipped;
+  an op that fails on such values fails the capture (a task update is then recorded again, computing). What
+  a device raises at capture is raised at capture: each op signature runs for real once (the checks a kernel
+  makes beyond its meta kernel), and so do writes whose target overlaps and ops indexing by a tensor from
+  before capture; an op that fails at replay on the values it reads raises :class:`~graphbuf.ReplayError`;
+- a tensor made during capture and re-strided in place (``t_``, ``transpose_``, ``as_strided_``, a resize)
+  is seen by each recorded op with the geometry it had when that op ran, as a device kernel bakes it in; a
+  tensor from before capture re-strided after the capture used it is a :class:`~graphbuf.CaptureError`.
 
 Tensors are told apart by a registry of slots keyed by ``id`` and checked against a weak reference (so a
 reused ``id`` is never mistaken for a dead tensor); tensors that existed before capture (inputs) are held
