@@ -10,10 +10,13 @@ Per :meth:`GraphRunner.run`, in this order: check the call's arguments (sources 
 count, host task arguments: known kinds, names and forms the captured tasks take) and work out the live
 output rows by the ``output_rows`` rules; pick the smallest capture size that fits the live batch; check, in
 one pass, that every tensor the graph uses (its buffers, task tensor arguments, and every other tensor from
-before capture it reads or writes) is alive and at its captured address, shape and stride (every replay,
-not a debug mode); check the output rows against the captured outputs; only then refresh the buffers
-(:meth:`StaticBuffers.refresh`, which validates every source before its first write), re-issue captured
-tasks whose host arguments changed, replay, and return the live output rows. Anything rejected is
+before capture it reads or writes) is alive and at its captured address, shape, stride and dtype (every
+replay, not a debug mode); check the output rows against the captured outputs; re-issue captured tasks
+whose host arguments changed (all or nothing; a task's own function refusing them is a
+:class:`~graphbuf.errors.TaskError`); only then refresh the buffers (:meth:`StaticBuffers.refresh`, which
+validates every source before its first write; a refused refresh puts the previous host arguments back);
+check the watched tensors again, immediately before the replay (code that ran during the refresh cannot
+move one unseen); replay, and return the live output rows. Anything rejected before the refresh is
 rejected before the first byte is written. Batches above the largest capture size and sizes
 refused by first-use verification run eagerly; :class:`RunnerStats` counts every replay, fallback and
 reason. A capture that fails raises :class:`~graphbuf.errors.CaptureError` unless the runner was built with
