@@ -238,7 +238,7 @@ class Graph:
     again, and the exception propagates. During capture, host read-back, host data and data-dependent shapes
     raise :class:`CaptureError`. Every tensor from before capture that the captured work uses (and every task
     tensor argument) is held weakly and checked before each replay: freed → :class:`LivenessError`,
-    rebound / resized / restrided → :class:`AddressChangedError`.
+    rebound / resized / restrided / re-typed → :class:`AddressChangedError`.
 
     Raises :class:`UnknownDeviceError` for a device name other than cpu, cuda[:N], npu[:N] and
     :class:`DeviceUnavailableError` for a device (or device index) this machine lacks.
@@ -382,7 +382,7 @@ class Graph:
 
     def check_inputs(self) -> Checked:
         """Check, in one pass, that every tensor the capture uses and does not own (and every tensor given
-        to :meth:`name_inputs`) is alive and has its captured address, shape and stride. Raises
+        to :meth:`name_inputs`) is alive and has its captured address, shape, stride and dtype. Raises
         :class:`~graphbuf.errors.LivenessError` or :class:`~graphbuf.errors.AddressChangedError` naming the
         tensor; returns the checked tensors. :meth:`replay` runs the same check unless given this result."""
         if not self.captured:

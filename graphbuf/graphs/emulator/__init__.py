@@ -26,9 +26,10 @@ the recorded ops the way a CUDA or NPU graph replays kernels on fixed addresses:
 
 Tensors are told apart by a registry of slots keyed by ``id`` and checked against a weak reference (so a
 reused ``id`` is never mistaken for a dead tensor); tensors that existed before capture (inputs) are held
-weakly and checked before every replay (alive, same address, shape and stride: :mod:`graphbuf.graphs.watch`);
-tensors that reach the recorder without being produced by a recorded op and that nothing else holds (ATen's
-wrapped scalars) are held strongly, as constants. Whether a storage created during
+weakly and checked before every replay (alive, same address, shape, stride and dtype:
+:mod:`graphbuf.graphs.watch`); tensors that reach the recorder without being produced by a recorded op and
+that nothing else holds (ATen's wrapped scalars) are held strongly, as constants. Whether a storage created
+during
 capture is static is decided when capture ends: static if the storage is still alive.
 
 Each op is resolved into the cheapest call that reproduces it: views of static tensors are skipped (the
