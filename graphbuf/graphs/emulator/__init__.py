@@ -29,8 +29,7 @@ reused ``id`` is never mistaken for a dead tensor); tensors that existed before 
 weakly and checked before every replay (alive, same address, shape, stride and dtype:
 :mod:`graphbuf.graphs.watch`); tensors that reach the recorder without being produced by a recorded op and
 that nothing else holds (ATen's wrapped scalars) are held strongly, as constants. Whether a storage created
-during
-capture is static is decided when capture ends: static if the storage is still alive.
+during capture is static is decided when capture ends: static if the storage is still alive.
 
 Each op is resolved into the cheapest call that reproduces it: views of static tensors are skipped (the
 static view already aliases its static base) and views of transient ones re-run; in-place and out= ops run as
