@@ -3,8 +3,11 @@ capture sizes (issue 10, sections 2-4)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
+from types import SimpleNamespace
 
+import pytest
 import torch
 from real_fixtures import (
     FULL_LAYER,
@@ -16,8 +19,12 @@ from real_fixtures import (
     random_batch,
     vllm_capture_sizes,
 )
+from vllm.config import CompilationConfig, VllmConfig
+from vllm.config.compilation import CUDAGraphMode
 
 import graphbuf.adapters.vllm_ascend.glue.patch as patch
+from graphbuf.errors import SpecError
+from graphbuf.planning.vllm_coverage import VllmServing, certify, derive_capture_sizes
 
 Q_LEN = 4  # 1 + num_speculative_tokens (MTP 3)
 WIDTH = -(-5500 // KERNEL_BLOCK)  # the runner's table width in kernel blocks (43)
@@ -109,3 +116,54 @@ def test_one_token_decode_in_mtp_group_and_mixed_batches(patched) -> None:
     route = _route(builder.build(0, one.common()))
     assert route is not None and route.q_len == 1 and route.size == 4
     _assert_rows(route, one)
+
+
+def _upstream_capture_sizes(seqs: int, k: int, tokens: int, sizes: tuple[int, ...] | None) -> list[int] | str:
+    """What this tree's vllm-ascend and vLLM make of the configuration: the platform's
+    ``apply_config_platform_defaults`` (the Ascend ceiling), vLLM's ``VllmConfig._set_cudagraph_sizes`` and
+    ``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``; ``"refused"`` where vLLM raises."""
+    platform = importlib.import_module("vllm_ascend.platform").NPUPlatform
+    cc = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY)
+    cc.cudagraph_capture_sizes = None if sizes is None else list(sizes)
+    holder = SimpleNamespace(
+        model_config=SimpleNamespace(enforce_eager=False), compilation_config=cc,
+        speculative_config=SimpleNamespace(num_speculative_tokens=k) if k else None, num_speculative_tokens=k,
+        uniform_decode_query_len=1 + k,
+        scheduler_config=SimpleNamespace(max_num_seqs=seqs, max_num_batched_tokens=tokens),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1), performance_mode="balanced",
+    )  # fmt: skip
+    platform.apply_config_platform_defaults(holder)
+    try:
+        VllmConfig._set_cudagraph_sizes(holder)
+        cc.adjust_cudagraph_sizes_for_spec_decode(1 + k, 1)
+    except ValueError:
+        return "refused"
+    return list(cc.cudagraph_capture_sizes)
+
+
+CONFIGS = [
+    (seqs, k, 8192, None) for seqs in (1, 2, 4, 8, 13, 16, 33, 64, 100, 128, 129, 256) for k in (0, 1, 2, 3)
+]
+CONFIGS += [(16, 3, 40, None), (13, 3, 8192, (4, 8, 16, 32, 50)), (13, 3, 8192, (4, 8, 52)), (8, 0, 6, None)]
+
+
+@pytest.mark.parametrize(("seqs", "k", "tokens", "sizes"), CONFIGS)
+def test_the_certificate_derives_capture_sizes_as_this_upstream_does(seqs, k, tokens, sizes) -> None:
+    """graphbuf.planning.vllm_coverage against vLLM's and vllm-ascend's own config code on this tree."""
+    serving = VllmServing(seqs, k, capture_sizes=sizes, max_num_batched_tokens=tokens)
+    expected = _upstream_capture_sizes(seqs, k, tokens, sizes)
+    if expected == "refused":
+        with pytest.raises(SpecError):
+            derive_capture_sizes(serving)
+    else:
+        assert list(derive_capture_sizes(serving)[0]) == expected
+
+
+def test_the_off_grid_top_batch_is_eager_on_this_upstream_and_the_fix_covers_it() -> None:
+    """vllm-ascend #16049/#16623 on this tree: max_num_seqs 13 with MTP 3 leaves 13 requests eager."""
+    sizes = _upstream_capture_sizes(13, 3, 8192, None)
+    assert isinstance(sizes, list) and sizes[-1] == 48 < 13 * 4
+    cert = certify(VllmServing(13, 3, max_num_batched_tokens=8192))
+    assert cert.eager_requests == (13,) and cert.fix is not None
+    fixed = _upstream_capture_sizes(13, 3, 8192, cert.fix)
+    assert fixed == list(cert.fix) and certify(VllmServing(13, 3, capture_sizes=tuple(fixed))).ok
