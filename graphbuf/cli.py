@@ -213,6 +213,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    if _vllm_config_given(args):
+        return _cmd_check_vllm(args)
+    if args.spec is None:
+        raise UsageError("check: give a spec, or a vLLM configuration (--max-num-seqs, --compilation-config)")
     overrides = _overrides(args.set)
     _spec_file(args)
     # from the path, so a too-large plan names the file
@@ -257,6 +261,61 @@ def _strict_advice(args: argparse.Namespace, cov: Coverage) -> str:
     eager = _ranges([b.requests for b in cov.uncovered])
     command = f"graphbuf sizes {args.spec}{sets}{allow}"
     return f"requests {eager} run eagerly; `{command}` proposes capture sizes that cover them"
+
+
+_VLLM_FLAGS = ("max_num_seqs", "num_speculative_tokens", "capture_sizes", "compilation_config",
+               "max_num_batched_tokens", "data_parallel_size")  # fmt: skip
+
+
+def _vllm_config_given(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name, None) is not None for name in _VLLM_FLAGS)
+
+
+def _cmd_check_vllm(args: argparse.Namespace) -> int:
+    """``check`` for a vLLM configuration: the coverage certificate of its uniform decode batches."""
+    from graphbuf.planning.vllm_coverage import VllmServing, certify, serving_from_compilation_config
+
+    if args.spec is not None:
+        raise UsageError(f"check: give a spec ({args.spec}) or a vLLM configuration, not both")
+    if args.max_num_seqs is None:
+        raise UsageError("check: a vLLM configuration needs --max-num-seqs (the scheduler's max_num_seqs)")
+    if args.capture_sizes is not None and args.compilation_config is not None:
+        raise UsageError(
+            "check: --capture-sizes and --compilation-config both set the capture sizes; give one"
+        )
+    fields = {
+        "max_num_seqs": args.max_num_seqs,
+        "num_speculative_tokens": args.num_speculative_tokens or 0,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "data_parallel_size": args.data_parallel_size or 1,
+        "platform": args.platform,
+    }
+    if args.compilation_config is not None:
+        serving = serving_from_compilation_config(args.compilation_config, **fields)
+    else:
+        serving = VllmServing(capture_sizes=args.capture_sizes, **fields)
+    cert = certify(serving)
+    strict_fail = args.strict and not cert.ok
+    print(_dumps({**cert.to_dict(), "ok": not strict_fail}) if args.json else cert.render())
+    if strict_fail:
+        print(f"graphbuf: check --strict: {cert.warning()}", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def _size_list(text: str) -> tuple[int, ...]:
+    """``--capture-sizes 4,8,16`` (commas or spaces) as a tuple of ints."""
+    parts = [t for t in re.split(r"[,\s]+", text.strip().strip("[]")) if t]
+    if not parts or not all(re.fullmatch(r"[0-9]{1,9}", t) for t in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers separated by commas")
+    return tuple(int(t) for t in parts)
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
@@ -387,12 +446,42 @@ def _cmd_drill(args: argparse.Namespace) -> int:
     return run_drill_cli(args, overrides, import_seconds=time.perf_counter() - started)
 
 
+def _vllm_check_args(p: argparse.ArgumentParser) -> None:
+    """``check``'s vLLM configuration flags (instead of a spec): its decode coverage certificate."""
+    g = p.add_argument_group(
+        "a vLLM configuration instead of a spec (prints its decode coverage certificate)"
+    )
+    g.add_argument("--max-num-seqs", type=_positive_int, metavar="N", help="the scheduler's max_num_seqs")
+    g.add_argument(
+        "--num-speculative-tokens",
+        type=_non_negative_int,
+        metavar="K",
+        help="speculative tokens per step (0)",
+    )
+    g.add_argument(
+        "--capture-sizes", type=_size_list, metavar="S,...", help="cudagraph_capture_sizes (default: vLLM's)"
+    )
+    g.add_argument(
+        "--compilation-config", metavar="JSON", help="vLLM's CompilationConfig as JSON (its capture sizes)"
+    )
+    g.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N", help="(default: no cap)")
+    g.add_argument("--data-parallel-size", type=_positive_int, metavar="N", help="DP ranks (1)")
+    g.add_argument(
+        "--platform", choices=("ascend", "vllm"), default="ascend",
+        help="whose default max_cudagraph_capture_size applies: vllm-ascend's (default) or vLLM's",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="graphbuf", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def spec_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("spec", help="spec file or shipped spec name (e.g. gemma4-31b-it-mtp)")
+    def spec_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+        p.add_argument(
+            "spec",
+            nargs="?" if optional else None,
+            help="spec file or shipped spec name (e.g. gemma4-31b-it-mtp)",
+        )
         p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a constant")
         p.add_argument(
             "--allow-factory",
@@ -416,7 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("check", help="validate a spec; print a summary and its coverage, or the errors")
-    spec_args(p)
+    spec_args(p, optional=True)
+    _vllm_check_args(p)
     p.add_argument("--coverage", action="store_true", help="print every reachable batch and where it runs")
     p.add_argument(
         "--strict", action="store_true", help="exit 1 when a batch of the serving envelope runs eagerly"

@@ -295,7 +295,7 @@ def certify(serving: VllmServing, capture_sizes: tuple[int, ...] | None = None) 
         padded = next((s for s in sizes if s >= tokens), None)
         batches.append(Batch(r, tokens, padded if padded is not None and padded <= seqs * q else None))
     decode_sizes = tuple(s for s in sizes if q <= s <= seqs * q)
-    cov = Coverage(q, decode_sizes, seqs, tuple(batches))
+    cov = Coverage(q, decode_sizes, top, tuple(batches))  # reachable: max_num_seqs, token-capped
     fix = None
     if cov.uncovered and top >= 1:
         try:
