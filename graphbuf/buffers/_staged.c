@@ -845,6 +845,60 @@ static int get_mark(PyObject *list, Py_ssize_t i, Py_ssize_t *out) {
 
 static PyTypeObject StagedType;
 
+/* A committed job's marks: rows_of[index] its live rows, cols_of[index] its column mark (index checked by
+ * get_mark when the job was made). */
+static int set_marks(const Job *j, PyObject *rows_of, PyObject *cols_of) {
+    PyObject *rv = PyLong_FromSsize_t(j->live);
+    PyObject *cv = PyLong_FromLongLong(j->live && j->s->wide ? j->s->colmax : 0);
+    if (!rv || !cv) {
+        Py_XDECREF(rv);
+        Py_XDECREF(cv);
+        return -1;
+    }
+    PyList_SetItem(rows_of, j->s->index, rv); /* steals */
+    PyList_SetItem(cols_of, j->s->index, cv);
+    return 0;
+}
+
+/* Every checked job's cells into its target, rows leaving the live range to the pad, then the marks: the
+ * bytes written, or -1 with an error. */
+static int64_t write_jobs(Job *jobs, Py_ssize_t nj, Py_buffer *tbs, PyObject *rows_of, PyObject *cols_of) {
+    int64_t moved = 0;
+    for (Py_ssize_t k = 0; k < nj; k++) {
+        Job *j = &jobs[k];
+        Staged *s = j->s;
+        char *t = tbs[k].buf;
+        visit(j, t, &moved);
+        if (j->shown > j->live) {
+            int64_t c = s->wide ? j->cols : 1, isz = s->isz;
+            for (int64_t r = j->live; r < j->shown; r++)
+                for (int64_t x = 0; x < c; x++) memcpy(t + (r * s->width + x) * isz, s->pad, (size_t)isz);
+            moved += (j->shown - j->live) * c * isz;
+        }
+        s->nruns = s->ncells = 0;
+    }
+    for (Py_ssize_t k = 0; k < nj; k++) /* the marks, once every byte is written */
+        if (set_marks(&jobs[k], rows_of, cols_of) < 0) return -1;
+    return moved;
+}
+
+/* Core o's job for n live requests: 1 and j filled; 0 when it cannot say (no table, n past it, a mark out of
+ * range); -1 with TypeError when o is not a Staged. */
+static int job_of(PyObject *o, Py_ssize_t n, PyObject *rows_of, PyObject *cols_of, Job *j) {
+    if (!PyObject_TypeCheck(o, &StagedType)) {
+        PyErr_SetString(PyExc_TypeError, "cores must be Staged");
+        return -1;
+    }
+    Staged *s = (Staged *)o;
+    j->s = s;
+    if (s->ntable < 0 || n >= s->ntable || !get_mark(rows_of, s->index, &j->shown) ||
+        !get_mark(cols_of, s->index, &j->cols))
+        return 0;
+    j->live = (Py_ssize_t)s->table[n];
+    return j->live >= 0 && j->live <= s->rows && j->shown >= 0 && j->shown <= s->rows && j->cols >= 0 &&
+           j->cols <= s->width;
+}
+
 static PyObject *gb_commit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "commit(cores, n, rows_of, cols_of, targets, write) takes 6 arguments");
@@ -872,25 +926,13 @@ static PyObject *gb_commit(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *result = NULL;
     /* Resolve every job and its target (range- and size-checked) before anything is read or written. */
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *o = PyList_GET_ITEM(cores, i);
-        if (!PyObject_TypeCheck(o, &StagedType)) {
-            PyErr_SetString(PyExc_TypeError, "commit: cores must be Staged");
-            goto done;
-        }
-        Staged *s = (Staged *)o;
         Job *j = &jobs[nj];
-        j->s = s;
-        if (s->ntable < 0 || n >= s->ntable || !s->b.known || !get_mark(rows_of, s->index, &j->shown) ||
-            !get_mark(cols_of, s->index, &j->cols)) {
-            result = Py_NewRef(Py_None); /* the caller's path */
+        int got = job_of(PyList_GET_ITEM(cores, i), n, rows_of, cols_of, j);
+        if (got <= 0 || !j->s->b.known) {
+            if (got >= 0) result = Py_NewRef(Py_None); /* the caller's path */
             goto done;
         }
-        j->live = (Py_ssize_t)s->table[n];
-        if (j->live < 0 || j->live > s->rows || j->shown < 0 || j->shown > s->rows || j->cols < 0 ||
-            j->cols > s->width) {
-            result = Py_NewRef(Py_None);
-            goto done;
-        }
+        Staged *s = j->s;
         if (!(s->nruns || s->ncells) && j->live == j->shown) continue;
         if (!write) {
             nj++;
@@ -917,32 +959,8 @@ static PyObject *gb_commit(PyObject *self, PyObject *const *args, Py_ssize_t nar
         result = Py_NewRef(Py_True);
         goto done;
     }
-    int64_t moved = 0;
-    for (Py_ssize_t k = 0; k < nj; k++) {
-        Job *j = &jobs[k];
-        Staged *s = j->s;
-        char *t = tbs[k].buf;
-        visit(j, t, &moved);
-        if (j->shown > j->live) { /* rows leaving the live range: back to the pad */
-            int64_t c = s->wide ? j->cols : 1, isz = s->isz;
-            for (int64_t r = j->live; r < j->shown; r++)
-                for (int64_t x = 0; x < c; x++) memcpy(t + (r * s->width + x) * isz, s->pad, (size_t)isz);
-            moved += (j->shown - j->live) * c * isz;
-        }
-        s->nruns = s->ncells = 0;
-    }
-    for (Py_ssize_t k = 0; k < nj; k++) { /* the marks, once every byte is written */
-        Job *j = &jobs[k];
-        PyObject *rv = PyLong_FromSsize_t(j->live);
-        PyObject *cv = PyLong_FromLongLong(j->live && j->s->wide ? j->s->colmax : 0);
-        if (!rv || !cv) {
-            Py_XDECREF(rv);
-            Py_XDECREF(cv);
-            goto done;
-        }
-        PyList_SetItem(rows_of, j->s->index, rv); /* steals; index checked by get_mark */
-        PyList_SetItem(cols_of, j->s->index, cv);
-    }
+    int64_t moved = write_jobs(jobs, nj, tbs, rows_of, cols_of);
+    if (moved < 0) goto done;
     result = PyLong_FromLongLong(moved);
 done:
     for (Py_ssize_t k = 0; k < held; k++) PyBuffer_Release(&tbs[k]);
@@ -1172,6 +1190,28 @@ static int pack_rects(PyObject *rects, const int32_t *image, Py_ssize_t nwords, 
     return 0;
 }
 
+/* Every core's staged cells into o (marks 0), or the marks updated and the changes forgotten (marks 1):
+ * 1; 0 for a core it cannot read (nothing changed); -1 with an error. */
+static int pack_cores(PyObject *cores, Py_ssize_t n, PyObject *rows_of, PyObject *cols_of, PyObject *bases, Words *o,
+                      int marks) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(cores); i++) {
+        Job j;
+        int got = job_of(PyList_GET_ITEM(cores, i), n, rows_of, cols_of, &j);
+        if (got <= 0 || j.s->isz % 4) return got;
+        Staged *s = j.s;
+        long long base = PyLong_AsLongLong(PyList_GET_ITEM(bases, i));
+        if (base == -1 && PyErr_Occurred()) return -1;
+        if (!(s->nruns || s->ncells) && j.live == j.shown) continue;
+        if (!marks) {
+            pack_job(&j, base, o);
+            continue;
+        }
+        if (set_marks(&j, rows_of, cols_of) < 0) return -1;
+        s->nruns = s->ncells = 0;
+    }
+    return 1;
+}
+
 /* pack(rects, image, cores, n, rows_of, cols_of, bases, arena) -> words | -words needed | None
  *     A refresh's writes for one upload (staging): first the rectangles the full sources touched, each
  *     (word start, rows, row words, row stride in words) of the slab viewed as 4-byte words, their words
@@ -1213,51 +1253,19 @@ static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_ValueError, "pack: the arena must be 8-byte aligned, the image 4-byte aligned");
         goto out;
     }
-    Py_ssize_t count = PyList_GET_SIZE(cores), cap = ab.len / 12;
+    Py_ssize_t cap = ab.len / 12;
     Words o = {(int64_t *)ab.buf, (int32_t *)((char *)ab.buf + 8 * cap), 0, cap};
     if (pack_rects(rects, (const int32_t *)img.buf, img.len / 4, &o) < 0) goto out;
-    for (int pass = 0; pass < 2; pass++) { /* 0: pack (and count); 1: marks, once everything fits */
-        for (Py_ssize_t i = 0; i < count; i++) {
-            PyObject *c = PyList_GET_ITEM(cores, i);
-            if (!PyObject_TypeCheck(c, &StagedType)) {
-                PyErr_SetString(PyExc_TypeError, "pack: cores must be Staged");
-                goto out;
-            }
-            Staged *s = (Staged *)c;
-            Job j = {s, 0, 0, 0};
-            long long base = PyLong_AsLongLong(PyList_GET_ITEM(bases, i));
-            if (base == -1 && PyErr_Occurred()) goto out;
-            if (s->ntable < 0 || n >= s->ntable || s->isz % 4 || !get_mark(rows_of, s->index, &j.shown) ||
-                !get_mark(cols_of, s->index, &j.cols)) {
-                result = Py_NewRef(Py_None);
-                goto out;
-            }
-            j.live = (Py_ssize_t)s->table[n];
-            if (j.live < 0 || j.live > s->rows || j.shown < 0 || j.shown > s->rows || j.cols < 0 || j.cols > s->width) {
-                result = Py_NewRef(Py_None);
-                goto out;
-            }
-            if (!(s->nruns || s->ncells) && j.live == j.shown) continue;
-            if (pass == 0) {
-                pack_job(&j, base, &o);
-                continue;
-            }
-            PyObject *rv = PyLong_FromSsize_t(j.live);
-            PyObject *cv = PyLong_FromLongLong(j.live && s->wide ? s->colmax : 0);
-            if (!rv || !cv) {
-                Py_XDECREF(rv);
-                Py_XDECREF(cv);
-                goto out;
-            }
-            PyList_SetItem(rows_of, s->index, rv); /* steals; index checked by get_mark */
-            PyList_SetItem(cols_of, s->index, cv);
-            s->nruns = s->ncells = 0;
-        }
-        if (pass == 0 && o.k > o.cap) {
-            result = PyLong_FromSsize_t(-o.k);
-            goto out;
-        }
+    int ok = pack_cores(cores, n, rows_of, cols_of, bases, &o, 0); /* pack (and count) */
+    if (ok <= 0) {
+        if (ok == 0) result = Py_NewRef(Py_None);
+        goto out;
     }
+    if (o.k > o.cap) {
+        result = PyLong_FromSsize_t(-o.k);
+        goto out;
+    }
+    if (pack_cores(cores, n, rows_of, cols_of, bases, &o, 1) < 0) goto out; /* the marks, once all fits */
     /* Padded to a bucket b (64, 128, ... <= cap, a power of two) with copies of the last pair: the same
      * index with the same word, so the caller's views of each bucket are made once. */
     Py_ssize_t b = 0;
