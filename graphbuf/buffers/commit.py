@@ -137,6 +137,14 @@ class Committer:
         # Staged, with the native packer: one arena per staging copy (behind the same event), holding
         # the refresh's writes as slab word indices and words for one upload and one indexed write.
         self._packer = packer if self.staged else None
+        # Per slot, how its rectangles pack as 4-byte words: (word start, words per column, row stride in
+        # words), or None for elements narrower than 4 bytes or a buffer not 4-byte aligned.
+        self._words_of = [
+            (s.plan.offset // 4, s.itemsize // 4, (s.plan.shape[1] if s.ndim == 2 else 1) * (s.itemsize // 4))
+            if s.itemsize % 4 == 0 and s.plan.offset % 4 == 0
+            else None
+            for s in layout.order
+        ]
         self._arenas: list[_Arena | None] = [None] * len(self._targets)
         self._pin = slab.device.type != "cpu"
         self._slab_t = slab
@@ -242,18 +250,19 @@ class Committer:
         rectangles, device-resident sources) as :meth:`_copy` does. Returns the staged bytes (-1: not
         packed)."""
         rects, rest = [], []
+        rect_words = 0
+        words_of = self._words_of
         for t in touched:
             (slot, _, dev, _, _), end, r, c = t
-            isz = slot.itemsize
-            if r and c and isz % 4 == 0 and slot.plan.offset % 4 == 0 and r * c * isz <= PACK_MAX:
-                per = isz // 4
-                row = slot.plan.shape[1] * per if slot.ndim == 2 else per
-                rects.append((slot.plan.offset // 4, r, c * per if slot.ndim == 2 else per, row))
+            of = words_of[slot.index]  # (word start, words per column, row stride in words), or None
+            if of is not None and r and c and r * c * of[1] <= PACK_MAX // 4:
+                start, per, row = of
+                rects.append((start, r, c * per, row))
+                rect_words += r * c * per
                 if dev is not None:
                     rest.append((t[0], end, 0, c))  # its live cells, on the device, after the placement
             else:
                 rest.append(t)
-        rect_words = sum(r * n for _, r, n, _ in rects)
         cores, n, bases = staged if staged is not None else ([], 0, [])
         rows, cols = self._rows, self._cols
         packer: Any = self._packer
@@ -295,9 +304,10 @@ class Committer:
                 if slot.repeat_last and n and end > n:
                     tail = dst[n:end, :c] if wide else dst[n:end]
                     tail.copy_((dst[n - 1 : n, :c] if wide else dst[n - 1 : n]).expand_as(tail))
-        event = getattr(torch, self.device.type).Event()
-        event.record()
-        self._events[k] = event
+        if self.device.type != "cpu":  # a cpu slab's uploads are done when they return
+            event = getattr(torch, self.device.type).Event()
+            event.record()
+            self._events[k] = event
         self._turn = (k + 1) % len(self._targets)
         return 0
 
