@@ -329,19 +329,33 @@ def certify_vllm_config(vllm_config: Any) -> DecodeCertificate | None:
     return certify(serving, sizes)
 
 
-_warned: set[tuple[Any, ...]] = set()
+_certified: dict[tuple[Any, ...], DecodeCertificate | None] = {}
+
+
+def _config_key(vllm_config: Any) -> tuple[Any, ...]:
+    """The object and what the certificate reads of it (an id alone could be reused by a new object)."""
+    cc, scheduler = _read(vllm_config, "compilation_config"), _read(vllm_config, "scheduler_config")
+    return (
+        id(vllm_config), repr(_read(cc, "cudagraph_mode")), repr(_read(cc, "cudagraph_capture_sizes")),
+        _read(scheduler, "max_num_seqs"), _read(scheduler, "max_num_batched_tokens"),
+        repr(_read(_read(vllm_config, "speculative_config"), "num_speculative_tokens")),
+    )  # fmt: skip
 
 
 def warn_uncovered(vllm_config: Any, logger: logging.Logger) -> DecodeCertificate | None:
-    """Compute the running configuration's certificate; when a reachable decode batch runs eagerly, log one
-    warning on ``logger`` (once per configuration and outcome). Returns the certificate (None: no FULL
-    decode graphs)."""
-    cert = certify_vllm_config(vllm_config)
-    if cert is None or cert.ok:
-        return cert
-    key = (id(vllm_config), cert.capture_sizes, cert.eager_requests)
-    if key not in _warned:
-        _warned.add(key)
+    """The running configuration's certificate, computed once per configuration object; the first time,
+    when a reachable decode batch runs eagerly, one warning on ``logger``. None: no FULL decode graphs, or a
+    configuration it cannot read (then nothing is logged but one debug line: vLLM itself validates it)."""
+    key = _config_key(vllm_config)
+    if key in _certified:
+        return _certified[key]
+    try:
+        cert = certify_vllm_config(vllm_config)
+    except (GraphbufError, TypeError, ValueError) as exc:
+        logger.debug("graphbuf: no coverage certificate for this vLLM configuration: %s", exc)
+        cert = None
+    _certified[key] = cert
+    if cert is not None and not cert.ok:
         logger.warning("%s", cert.warning())
     return cert
 

@@ -39,6 +39,7 @@ import torch
 
 from graphbuf.buffers.slab import StaticBuffers
 from graphbuf.errors import SpecError
+from graphbuf.planning.vllm_coverage import warn_uncovered
 from graphbuf.spec.factories import resolve_options
 from graphbuf.spec.models import GraphSpec, load_spec
 
@@ -251,6 +252,8 @@ class GroupBuffers:
         """vLLM's capture sizes outside the spec's envelope (upstream's path runs them)."""
         self.fallbacks: dict[int, str] = {}
         """Capture sizes whose capture fell back to upstream's path, with the reason; never routed again."""
+        self.layers: tuple[str, ...] = ()
+        """The KV group's layer names (its builder's ``layer_names``)."""
         self._steps = itertools.count(1)
         self._applied = 0
 
@@ -336,6 +339,7 @@ def group_buffers(
     """
     cache = builder.__dict__.setdefault(_CACHE_ATTR, {})
     if q_len not in cache:
+        warn_uncovered(read(builder, "vllm_config", _BUILDER), logger)  # eager decode batches: one warning
         where = device if device is not None else read(builder, "device", _BUILDER)
         try:
             planned = routed_spec(read(builder, "vllm_config", _BUILDER), builder.kv_cache_spec, q_len,
@@ -351,6 +355,7 @@ def group_buffers(
             buffers = GroupBuffers(spec, overrides, where if where is not None else "cpu", modes)
             buffers.check_capacity(overrides.get("max_num_seqs"), overrides.get("max_num_batched_tokens"))
             buffers.not_routed = tuple(not_routed)
+            buffers.layers = tuple(map(str, read(builder, "layer_names", _BUILDER)))
             _log_not_routed(builder, buffers)
             cache[q_len] = buffers
     return cache[q_len]

@@ -167,3 +167,22 @@ def test_the_off_grid_top_batch_is_eager_on_this_upstream_and_the_fix_covers_it(
     assert cert.eager_requests == (13,) and cert.fix is not None
     fixed = _upstream_capture_sizes(13, 3, 8192, cert.fix)
     assert fixed == list(cert.fix) and certify(VllmServing(13, 3, capture_sizes=tuple(fixed))).ok
+
+
+def test_an_eager_decode_batch_is_one_warning_when_a_group_is_first_routed(patched, caplog) -> None:
+    """At activation on a running configuration (the first routed build of a KV group), the adapter certifies
+    the configuration: with this tree's own sizes for max_num_seqs 13 and MTP 3, one warning names the
+    eager batch and the sizes that cover it; later builds and groups add nothing."""
+    sizes = _upstream_capture_sizes(13, 3, 8192, None)
+    config = make_vllm_config(capture_sizes=sizes, num_spec=3, max_num_seqs=13)
+    gen = torch.Generator().manual_seed(7)
+    with caplog.at_level(logging.WARNING, logger="graphbuf"):
+        for _ in range(2):
+            builder = make_builder(config)
+            batch = random_batch(gen, live=3, q_len=Q_LEN, num_blocks=400, max_len=5500, padded_reqs=4,
+                                 width=WIDTH)  # fmt: skip
+            assert _route(builder.build(0, batch.common())) is not None
+    lines = [r.getMessage() for r in caplog.records if "EAGERLY" in r.getMessage()]
+    fix = certify(VllmServing(13, 3, max_num_batched_tokens=8192)).fix
+    assert len(lines) == 1 and "13 requests (52 tokens" in lines[0], lines
+    assert f"cudagraph_capture_sizes={list(fix)}" in lines[0]
