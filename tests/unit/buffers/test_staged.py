@@ -341,3 +341,35 @@ def test_an_eager_step_reads_staged_host_state_and_leaves_the_writes_staged(buff
     with pytest.raises(RefreshError, match="above max"):
         b.stage("seq_lens").set(1, np.array([5501], np.int32))
         b.eager_inputs(8, {"query_start_loc": np.array([0, 4, 8], np.int32), **_rest(2)}, num_reqs=2)
+
+
+def test_a_packed_upload_larger_than_its_arena_grows_it_and_writes_every_cell(host_state: str) -> None:
+    """The packed upload's arena starts at 4096 words: a commit of 8 rows x 1024 columns entering the live
+    range (8192 words) and a whole buffer past PACK_MAX (its own copy) still write the bytes an in-place
+    commit writes."""
+    from graphbuf import GraphSpec
+
+    spec = GraphSpec.model_validate({
+        "version": 1, "name": "wide", "constants": {"max_num_seqs": 8, "width": 1024, "big": 4096},
+        "capture": {"tokens_per_request": 1, "sizes": [8]},
+        "buffers": {
+            "bt": {"dtype": "int32", "rows": "requests", "cols": "width", "min": 0, "max": 9999},
+            "lens": {"dtype": "int64", "rows": "requests", "min": 0},
+            "wide": {"dtype": "int32", "rows": "requests", "cols": "big"},
+        },
+    })  # fmt: skip
+    rng = np.random.default_rng(7)
+    rows = rng.integers(0, 9999, (8, 1024), dtype=np.int32)
+    wide = rng.integers(0, 1 << 30, (8, 4096), dtype=np.int32)  # 128 KiB: above PACK_MAX
+    got = []
+    for staging in (None, 2):
+        b = StaticBuffers(spec, staging=staging)
+        h = b.stage("bt")
+        for r in range(8):
+            h.set_row(r, rows[r])
+        b.stage("lens").set(0, np.arange(8, dtype=np.int64) + 1)
+        b.refresh(8, {"wide": wide}, num_reqs=8)
+        got.append({name: b.full[name].clone() for name in b.names})
+    for name in got[0]:
+        assert torch.equal(got[0][name], got[1][name]), name
+    assert torch.equal(got[1]["bt"], torch.from_numpy(rows))
