@@ -304,13 +304,10 @@ class RoutedModel:
     def __init__(self, tree: Any, seed: int = 0) -> None:
         self.tree, self.av1 = tree, tree.av1
         self.builder = make_builder(self.av1)
+        self.builder.layer_names = list(LAYERS)  # one KV group, both layers
         self.runner = Runner()
         g = torch.Generator().manual_seed(seed)
-        self.impls = []
-        for name in LAYERS:
-            impl = make_impl(self.av1)
-            impl._layer_name = name  # what upstream's forward() sets before forward_impl
-            self.impls.append(impl)
+        self.impls = [make_impl(self.av1) for _ in LAYERS]
         shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD)
         self.caches = [(torch.randn(shape, generator=g).to(DTYPE), torch.randn(shape, generator=g).to(DTYPE))
                        for _ in LAYERS]  # fmt: skip

@@ -116,8 +116,9 @@ class DecodeTask:
         self.task.fn(*self.task.tensor_args, **dict(self.task.host_args))
 
 
-Register = Callable[[Callable[..., Any], dict[str, Any]], None]
-"""Upstream's ``register_task`` bound to a provider: ``register(operation, kwargs)``."""
+Register = Callable[[Callable[..., Any], dict[str, Any], int], None]
+"""Upstream's ``register_task`` with graphbuf's provider for the layer at ``index`` among the size's tasks:
+``register(operation, kwargs, index)``."""
 
 
 def run_task(fn: Callable[..., Any], *, tensors: tuple[torch.Tensor, ...], seq_lens_kv: list[int],
@@ -243,7 +244,7 @@ class RoutedDecodes:
         host ints equal to the live part of ``seq_lens``). ``capturing``: register the call as ``owner``'s
         task at ``size`` (replacing an earlier capture of the same layer and size); ``register``: capture it
         through upstream's ``register_task`` (UpdatableGraph) instead of graphbuf's own task group; ``name``:
-        the layer's name in errors. Returns ``out``.
+        the KV group's layer names in errors. Returns ``out``.
 
         RuntimeError when an NPU graph capture is underway on the current stream but ``capturing`` is
         False: the kernel would bake the host lengths into a graph with no task to re-issue them.
@@ -252,8 +253,8 @@ class RoutedDecodes:
         scale = float(scale)
         layers = self._tasks.setdefault(size, {}) if capturing else {}
         order = list(layers).index(id(owner)) if id(owner) in layers else len(layers)
-        who = f"{name!r}" if name else f"#{order} ({type(owner).__name__})"
-        label = f"routed decode layer {who} at capture size {size}"
+        group = f" of KV group [{name}]" if name else ""
+        label = f"routed decode layer #{order} ({type(owner).__name__}){group} at capture size {size}"
         caches = (key_cache, value_cache)
         issued: list[tuple[Callable[..., Any], tuple[torch.Tensor, ...], NpuTaskState | None]] = []
 
@@ -265,7 +266,7 @@ class RoutedDecodes:
             if capturing and register is not None:
                 trusted = {t.untyped_storage().data_ptr() for t in (*caches, *self._owned)}
                 _check_strong(label, tensors, trusted)
-                register(functools.partial(run_task, fn), {"tensors": tensors, **host, "scale": scale})
+                register(functools.partial(run_task, fn), {"tensors": tensors, **host, "scale": scale}, order)
                 issued.append((body, tensors, None))
                 return
             if capturing:

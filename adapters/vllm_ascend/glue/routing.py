@@ -46,10 +46,12 @@
    (``upstream.Mechanism.LEGACY``: vllm-ascend up to 0.29).
 8. UpdatableGraph (``upstream.Mechanism.UPDATABLE``, vllm-ascend 0.30+). ``update_graph_params`` is never
    called, so nothing wraps it. A routed paged decode is captured through upstream's ``register_task`` with a
-   :class:`DecodeParamProvider` (one per layer and route, equal by value); upstream resolves it before each
-   replay, and its ``resolve(attn_metadata)`` refreshes the group's buffers for that step (the build only
-   validates and stages the sources: ``Route.staged``; the refresh validates again and writes nothing on
-   error) and returns only ``seq_lens_kv``, the host argument that changes. A draft graph
+   :class:`DecodeParamProvider` (one per layer and route, equal by value: the KV group's layer names and the
+   layer's index among the group's tasks); upstream resolves it before each replay, and its
+   ``resolve(attn_metadata)`` refreshes the group's buffers for that replay from the sources the build
+   staged (``Route.staged``; once per step: validated, padded rows cleared, a too-wide table rejected,
+   nothing written on error) and returns only ``seq_lens_kv``, the host argument that changes. The build
+   refreshes them as well (so an eager or capturing forward reads this step's rows). A draft graph
    (``_EXTRA_CTX.is_draft_model``) resolves its tasks from upstream's own draft parameter list, never from
    a provider, so graphbuf registers nothing there: such a capture size keeps upstream's path.
 9. Per replay accounting (both mechanisms, ``RoutedDecodes.expect``): a planned step at a size holding
@@ -130,7 +132,7 @@ class Route:
     rows from ``num_reqs`` (the live requests) on cleared to 0. ``seq_lens_host``: the same lengths as host
     ints (the paged decode's ``actual_seq_lengths_kv``). ``group``: the group's ``GroupBuffers``. ``step``:
     the group's serial number of this planned step. ``staged``: under UpdatableGraph, the runner's
-    ``(block_table, seq_lens, num_reqs)`` not yet written into the views (rule 8); None once written at build.
+    ``(block_table, seq_lens, num_reqs)`` the provider refreshes the views from at the replay (rule 8).
     """
 
     q_len: int | None
@@ -245,7 +247,7 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
 
 def _planned(buffers: Any, size: int, q_len: int, live: int, kernel_block: int, attn_metadata: Any,
              block_table: Any, seq_lens: Any, mechanism: Mechanism) -> Route:  # fmt: skip
-    """The routed batch's :class:`Route`: host lengths checked, buffers refreshed (or staged, rule 8)."""
+    """The routed batch's :class:`Route`: host lengths checked, buffers refreshed (and staged, rule 8)."""
     from . import resolve  # lazily: importing this module stays standard-library only
 
     host = _host_ints(read(attn_metadata, "seq_lens_list", _METADATA), live)
@@ -260,11 +262,7 @@ def _planned(buffers: Any, size: int, q_len: int, live: int, kernel_block: int, 
             f"(the captured block table's {capacity // kernel_block} blocks of {kernel_block}); the paged "
             "kernel would read past the table. Nothing was refreshed."
         )
-    if staged is not None:
-        named = buffers.buffers.view(size)  # rule 8: the provider (or the forward) writes them
-        views = (named[resolve.BLOCK_TABLE], named[resolve.SEQ_LENS])
-    else:
-        views = buffers.resolve(size, block_table, seq_lens, live)
+    views = buffers.resolve(size, block_table, seq_lens, live)
     if host is None:
         host = [int(n) for n in views[1][:live].tolist()]  # the refreshed buffer (a device read)
     rows = int(views[1].shape[0])
@@ -286,7 +284,7 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
     problems, key_cache, value_cache = _problems(impl, query, kv_cache, attn_metadata, route)
     register = None
     if not problems and route.group is not None:
-        register, problem = _registrar(impl, route)
+        register, problem = _registrar(route)
         problems += [problem] if problem else []
     if problems:
         reason = f"{type(impl).__name__}.forward_impl cannot run on graphbuf: {'; '.join(problems)}"
@@ -300,7 +298,6 @@ def forward(original: Any, impl: Any, query: Any, key: Any, value: Any, kv_cache
 
     if route.group is not None:
         route.group.decodes.ran_in_python()  # this step runs here: no replay waits for an update
-        route.apply()  # rule 8: the staged sources, once per step
     num_tokens = int(query.shape[0])
     batch = num_tokens // route.q_len
     # Under a full graph the query holds the padded batch (route.size tokens): the views as they are, whose
@@ -335,7 +332,7 @@ def _paged_decode(impl: Any, route: Route, query: Any, key_cache: Any, value_cac
     target = None if output is None else (output if int(output.shape[0]) == batch else output[:batch])
     direct = target is not None and tuple(target.shape) == tuple(query.shape) and target.is_contiguous()
     out = target if direct else query.new_empty(query.shape)
-    name = None if register is None else register.keywords["provider"].layer_name
+    name = None if register is None else ", ".join(route.group.layers)
     route.group.decodes.run(impl, route.size, upstream.capturing(), query, key_cache, value_cache,
                             block_table, seq_lens, lens, impl.scale, out, register, name)  # fmt: skip
     return output if direct else _store(output, out, batch)
@@ -366,39 +363,46 @@ class DecodeParamProvider:
     """graphbuf's parameter provider for one routed layer's paged decode task under UpdatableGraph (rule
     8): hashable and equal by value, so upstream keeps one slot per layer and route.
 
-    ``layer_name``: the key of the layer's metadata in ``forward_context.attn_metadata`` (the KV-sharing
-    target's name for a layer that shares its KV cache, as upstream's own providers use); ``route``: which
-    of graphbuf's routes the task belongs to.
+    ``layers``: the layer names of the layer's KV group (its builder's ``layer_names``: the keys of the
+    group's metadata in ``forward_context.attn_metadata``); ``index``: the layer's place among the group's
+    routed tasks, in capture order; ``route``: which of graphbuf's routes the task belongs to.
     """
 
-    layer_name: str
+    layers: tuple[str, ...]
+    index: int
     route: str = "paged_decode"
 
     def resolve(self, attn_metadata: Any) -> dict[str, Any]:
         """Refresh graphbuf's buffers for this replay (once per step for the layer's group: validated,
         padded rows cleared, a too-wide table rejected, nothing written on error) and return the one host
-        argument that changes, ``seq_lens_kv``. UpstreamError naming the layer when its metadata is not a
+        argument that changes, ``seq_lens_kv``. UpstreamError naming the group when its metadata is not a
         routed decode batch (the graph holds graphbuf's task: the replayed batch must be graphbuf's)."""
-        metadata = attn_metadata.get(self.layer_name) if isinstance(attn_metadata, dict) else None
-        route = route_of(metadata)
-        if route is None or route.q_len != 1 or route.group is None:
+        found = (
+            [attn_metadata[n] for n in self.layers if n in attn_metadata]
+            if isinstance(attn_metadata, dict)
+            else []
+        )
+        route = route_of(found[0]) if found else None
+        if route is None or route.q_len != 1 or route.group is None or route.group.layers != self.layers:
             keys = sorted(attn_metadata) if isinstance(attn_metadata, dict) else type(attn_metadata).__name__
             raise upstream.UpstreamError(
-                f"UpdatableGraph replay: graphbuf's provider for layer {self.layer_name!r} ({self.route}) "
-                f"found no routed decode batch for it in forward_context.attn_metadata (keys: {keys}; its "
-                f"route: {route!r}); the graph holds graphbuf's task for that layer: its batch must be routed"
+                f"UpdatableGraph replay: graphbuf's provider for layer #{self.index} of KV group "
+                f"{list(self.layers)} ({self.route}) found no routed decode batch for that group in "
+                f"forward_context.attn_metadata (keys: {keys}; route: {route!r}); the graph holds graphbuf's "
+                "task for the layer, so the group's batch must be routed"
             )
         decodes = route.group.decodes
-        with decodes.exclusive(f"UpdatableGraph resolve of layer {self.layer_name!r}"):
+        with decodes.exclusive(f"UpdatableGraph resolve of layer #{self.index} of {list(self.layers)}"):
             route.apply()
             decodes.record_issued(route.size, route.seq_lens_host, route.step)
             decodes.saw_update()
         return {"seq_lens_kv": list(route.seq_lens_host)}
 
 
-def _registrar(impl: Any, route: Route) -> tuple[Any, str | None]:
-    """Under UpdatableGraph while capturing a paged decode: upstream's ``register_task`` bound to the layer's
-    provider, or a reason it cannot be (rule 8). ``(None, None)`` elsewhere (graphbuf's own task group)."""
+def _registrar(route: Route) -> tuple[Any, str | None]:
+    """Under UpdatableGraph while capturing a paged decode: ``register(operation, kwargs, index)``, upstream's
+    ``register_task`` with the layer's provider, or a reason it cannot be (rule 8). ``(None, None)``
+    elsewhere (graphbuf's own task group)."""
     modes = route.group.modes
     if (_mechanism() is not Mechanism.UPDATABLE or route.q_len != 1 or modes.decode != "paged"
             or not upstream.capturing()):  # fmt: skip
@@ -408,16 +412,13 @@ def _registrar(impl: Any, route: Route) -> tuple[Any, str | None]:
             "a draft graph resolves its tasks from upstream's own draft parameter list "
             "(SharedSource(draft_model_metadata)), never from graphbuf's provider"
         )
-    entry = "AscendAttentionBackendImpl layer name"
-    name = read(impl, "kv_sharing_target_layer_name", entry) or read(impl, "_layer_name", entry)
-    if not name:
-        return None, "the layer has no name yet (forward sets _layer_name), so no provider can find its batch"
     register_task = read(sys.modules[upstream.UPDATABLE_MODULE], "register_task", "register_task")
-    return functools.partial(_register, register_task, provider=DecodeParamProvider(str(name))), None
+    return functools.partial(_register, register_task, route.group.layers), None
 
 
-def _register(register_task: Any, operation: Any, kwargs: dict[str, Any], *, provider: Any) -> None:
-    register_task(operation, kwargs, provider)
+def _register(register_task: Any, layers: tuple[str, ...], operation: Any, kwargs: dict[str, Any],
+              index: int) -> None:  # fmt: skip
+    register_task(operation, kwargs, DecodeParamProvider(layers, index))
 
 
 def _mechanism() -> Mechanism:

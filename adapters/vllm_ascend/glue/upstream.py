@@ -20,10 +20,10 @@ vllm.v1.kv_cache_interface, ``aug`` = vllm_ascend.compilation.updatable_graph, `
 vllm_ascend.compilation.acl_graph, ``autl`` = vllm_ascend.utils. Checked: 0.23 = 0.23.0.post1 + vLLM 0.23.0,
 main = 182b75ea + vLLM 0.27.1, upd = the UpdatableGraph reconstruction (daa6441) + vLLM 0.28.0.
 
-=========================================================================  ========  =========
+=========================================================================  ========  =============
 name (what graphbuf reads)                                                 where     checked
-=========================================================================  ========  =========
-``AscendAttentionBackendImpl.forward_impl(self, query, key, value,         av1       0.23 main
+=========================================================================  ========  =============
+``AscendAttentionBackendImpl.forward_impl(self, query, key, value,         av1       0.23 main upd
 kv_cache, attn_metadata, output)``
 ``AscendAttentionBackendImpl.update_graph_params``: a staticmethod of a    av1       0.23 main
 form in ``UPDATE_FORMS`` (legacy only: graphbuf's re-issue wrapper)
@@ -31,35 +31,33 @@ form in ``UPDATE_FORMS`` (legacy only: graphbuf's re-issue wrapper)
 ``ACLGraphWrapper._updatable_graph_replay(self, forward_context, graph)``  acl       upd
 (upd only)
 ``use_updatable_graph(attn_backend)`` (upd only)                           autl      upd
-``AscendAttentionBackendImpl`` sets ``_layer_name`` and                    av1       upd
-``kv_sharing_target_layer_name`` (upd only: the provider's metadata key)
 ``_EXTRA_CTX.is_draft_model`` in ``extra_attrs`` (upd only: draft graphs)  afc       upd
-``AscendAttentionBackendImpl`` instance fields head_size, scale,           av1       0.23 main
+``AscendAttentionBackendImpl`` instance fields head_size, scale,           av1       0.23 main upd
 sliding_window, sinks, alibi_slopes, attn_type, key_cache, value_cache
-``AscendAttentionMetadataBuilder.build(self, common_prefix_len,            av1       0.23 main
+``AscendAttentionMetadataBuilder.build(self, common_prefix_len,            av1       0.23 main upd
 common_attn_metadata, fast_build)``
-``AscendAttentionMetadataBuilder`` fields set in ``__init__``:             av1       0.23 main
-kv_cache_spec (vLLM's base builder), vllm_config, device,
-compilation_config, decode_threshold
-``AscendAttentionBackend.get_supported_kernel_block_sizes()`` ([128])      av1       0.23 main
-``AscendAttentionState`` members DecodeOnly, SpecDecoding, ChunkedPrefill  av1       0.23 main
-``AscendMetadata`` fields attn_state, num_prefills, seq_lens_list          av1       0.23 main
-``AscendCommonAttentionMetadata`` fields block_table_tensor, seq_lens,     autils    0.23 main
+``AscendAttentionMetadataBuilder`` fields set in ``__init__``:             av1       0.23 main upd
+kv_cache_spec and layer_names (vLLM's base builder), vllm_config,
+device, compilation_config, decode_threshold
+``AscendAttentionBackend.get_supported_kernel_block_sizes()`` ([128])      av1       0.23 main upd
+``AscendAttentionState`` members DecodeOnly, SpecDecoding, ChunkedPrefill  av1       0.23 main upd
+``AscendMetadata`` fields attn_state, num_prefills, seq_lens_list          av1       0.23 main upd
+``AscendCommonAttentionMetadata`` fields block_table_tensor, seq_lens,     autils    0.23 main upd
 num_actual_tokens, num_input_tokens, max_query_len, query_start_loc_cpu,
 causal
-``record_attention_compute_start`` (imported into av1 from a module that   av1       0.23 main
+``record_attention_compute_start`` (imported into av1 from a module that   av1       0.23 main upd
 moved on main)
-``_EXTRA_CTX`` (private) listing ``capturing`` in its ``extra_attrs``      afc       0.23 main
-``get_forward_context``, ``is_forward_context_available``;                 vfc       0.23 main
+``_EXTRA_CTX`` (private) listing ``capturing`` in its ``extra_attrs``      afc       0.23 main upd
+``get_forward_context``, ``is_forward_context_available``;                 vfc       0.23 main upd
 ``ForwardContext`` fields attn_metadata, cudagraph_runtime_mode
-``VllmConfig`` fields compilation_config, scheduler_config, model_config,  vcfg      0.23 main
+``VllmConfig`` fields compilation_config, scheduler_config, model_config,  vcfg      0.23 main upd
 parallel_config, speculative_config, quant_config; ``CompilationConfig``
 cudagraph_mode, cudagraph_capture_sizes; ``SchedulerConfig``
 max_num_seqs, max_num_batched_tokens; ``ModelConfig`` max_model_len;
 ``ParallelConfig`` tensor_parallel_size; ``SpeculativeConfig``
 num_speculative_tokens
-``FullAttentionSpec`` fields block_size, head_size, sliding_window         vkv       0.23 main
-=========================================================================  ========  =========
+``FullAttentionSpec`` fields block_size, head_size, sliding_window         vkv       0.23 main upd
+=========================================================================  ========  =============
 
 ``quant_config.enable_c8_quant`` is the one field read with a default, because upstream itself reads it so
 (``getattr(quant_config, "enable_c8_quant", False)`` in ``AscendAttentionBackendImpl.__init__``): quant
@@ -353,9 +351,6 @@ SURFACE: tuple[Entry, ...] = (
                         ("self", "forward_context", "graph")), _UPD),
     Entry("use_updatable_graph", ASCEND_UTILS_MODULE,
           _params_check(ASCEND_UTILS_MODULE, "use_updatable_graph", ("attn_backend",)), _UPD),
-    Entry("AscendAttentionBackendImpl layer name", ATTENTION_MODULE,
-          _instance_fields_check(ATTENTION_MODULE, "AscendAttentionBackendImpl",
-                                 ("_layer_name", "kv_sharing_target_layer_name")), _UPD),
     Entry("_EXTRA_CTX.is_draft_model", EXTRA_CONTEXT_MODULE, _draft_flag_check, _UPD),
     Entry("AscendAttentionBackendImpl instance fields", ATTENTION_MODULE,
           _instance_fields_check(ATTENTION_MODULE, "AscendAttentionBackendImpl",
@@ -365,8 +360,8 @@ SURFACE: tuple[Entry, ...] = (
           _signature_check(ATTENTION_MODULE, "AscendAttentionMetadataBuilder", "build", BUILD_PARAMS)),
     Entry("AscendAttentionMetadataBuilder instance fields", ATTENTION_MODULE,
           _instance_fields_check(ATTENTION_MODULE, "AscendAttentionMetadataBuilder",
-                                 ("kv_cache_spec", "vllm_config", "device", "compilation_config",
-                                  "decode_threshold"), ("__init__",))),
+                                 ("kv_cache_spec", "layer_names", "vllm_config", "device",
+                                  "compilation_config", "decode_threshold"), ("__init__",))),
     Entry("AscendAttentionBackend.get_supported_kernel_block_sizes", ATTENTION_MODULE,
           _signature_check(ATTENTION_MODULE, "AscendAttentionBackend", "get_supported_kernel_block_sizes", (),
                            static=True)),

@@ -116,16 +116,16 @@ def test_routed_decode_is_captured_through_register_task_and_follows_every_repla
     graph = upd_tree.graph_module.UpdatableGraph()
     model = _routed_capture(upd_tree, graph)
     providers = [t.provider for t in graph.tasks]
-    assert providers == [routing.DecodeParamProvider(name) for name in LAYERS]
-    assert len(set(providers)) == 2 and hash(providers[0]) == hash(routing.DecodeParamProvider(LAYERS[0]))
+    assert providers == [routing.DecodeParamProvider(LAYERS, i) for i in range(len(LAYERS))]
+    assert len(set(providers)) == 2 and hash(providers[0]) == hash(routing.DecodeParamProvider(LAYERS, 0))
     assert [[c.name for c in g.calls] for g in standin.STATE.groups] == [[FIA_OUT]] * 2
     wrapper = upd_tree.acl.ACLGraphWrapper(torch.npu.Stream(), upd_tree.av1.AscendAttentionBackend)
     route = None
     for step, lens in enumerate([[7, 2, 11], [12, 1], [4, 4, 4, 4], [3], [10, 6, 8], [1, 12]]):
         metadata = model.build(lens)
         route = getattr(metadata, routing.ROUTE_ATTR)
-        assert route.staged is not None  # nothing written at build under UpdatableGraph
-        params = routing.DecodeParamProvider(LAYERS[0]).resolve(upd_tree.context.attn_metadata)
+        assert route.staged is not None  # the provider refreshes from these at the replay
+        params = routing.DecodeParamProvider(LAYERS, 0).resolve(upd_tree.context.attn_metadata)
         assert params == {"seq_lens_kv": [*lens, *[0] * (SIZE - len(lens))]}, step
         wrapper.replay(upd_tree.context, graph)
         assert standin.STATE.blocked is None  # the update released the replay
@@ -142,7 +142,7 @@ def test_the_provider_refuses_a_too_wide_table_with_nothing_written(upd_tree: An
     model = _routed_capture(upd_tree, graph)
     model.build([5, 6])
     route = getattr(upd_tree.context.attn_metadata[LAYERS[0]], routing.ROUTE_ATTR)
-    routing.DecodeParamProvider(LAYERS[0]).resolve(upd_tree.context.attn_metadata)
+    routing.DecodeParamProvider(LAYERS, 0).resolve(upd_tree.context.attn_metadata)
     before = (route.block_table.clone(), route.seq_lens.clone())
     wide = torch.zeros(SIZE, WIDTH + 2, dtype=torch.int32)
     staged = route.staged
@@ -154,9 +154,9 @@ def test_the_provider_refuses_a_too_wide_table_with_nothing_written(upd_tree: An
 
 def test_a_provider_without_its_routed_batch_raises_naming_the_layer(upd_tree: Any) -> None:
     with pytest.raises(
-        upstream.UpstreamError, match=r"layer 'model.layers.5.self_attn.attn'.*must be routed"
+        upstream.UpstreamError, match=r"layer #0 of KV group \['model.layers.5.*must be routed"
     ):
-        routing.DecodeParamProvider(LAYERS[0]).resolve({LAYERS[0]: SimpleNamespace()})
+        routing.DecodeParamProvider(LAYERS, 0).resolve({LAYERS[0]: SimpleNamespace()})
 
 
 def test_no_task_is_registered_in_a_draft_graph(upd_tree: Any) -> None:
@@ -214,7 +214,7 @@ def test_updatable_replay_without_provider_resolution_raises_at_the_next_step(up
         model.build([5, 6])
     message = str(caught.value)
     assert "UpdatableGraph mechanism" in message and "_updatable_graph_replay did not resolve" in message
-    assert all(repr(name) in message for name in LAYERS)
+    assert "layer #0" in message and "layer #1" in message and f"KV group [{', '.join(LAYERS)}]" in message
     with pytest.raises(standin.ContractError, match=r"\[event\].*would hang"):
         torch.npu.synchronize()
 
@@ -345,12 +345,12 @@ def test_sglang_omni_2160_two_threads_updating_one_graph_get_a_typed_error(upd_t
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(type(group), "apply", slow_apply)
         first = threading.Thread(
-            target=lambda: routing.DecodeParamProvider(LAYERS[0]).resolve(upd_tree.context.attn_metadata)
+            target=lambda: routing.DecodeParamProvider(LAYERS, 0).resolve(upd_tree.context.attn_metadata)
         )
         first.start()
         assert inside.wait(10)
         try:
-            routing.DecodeParamProvider(LAYERS[1]).resolve(upd_tree.context.attn_metadata)
+            routing.DecodeParamProvider(LAYERS, 1).resolve(upd_tree.context.attn_metadata)
         except BaseException as exc:
             errors.append(exc)
         release.set()

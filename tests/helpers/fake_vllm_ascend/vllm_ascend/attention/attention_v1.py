@@ -135,7 +135,6 @@ class AscendAttentionBackendImpl:
         self.sinks = sinks
         self.key_cache = None
         self.value_cache = None
-        self._layer_name: str | None = None  # 0.30+: set by forward(); the fake's tests set it themselves
 
     @staticmethod
     def update_graph_params(
