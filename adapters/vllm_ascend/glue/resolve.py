@@ -45,7 +45,8 @@ from graphbuf.spec.models import GraphSpec, load_spec
 
 from ..bindings.routed_decode import RoutedDecodes
 from ..spec.task_options import DECODE_TASK, VERIFY_TASK, DecodeTaskOptions, VerifyTaskOptions
-from .upstream import read
+from . import activation
+from .upstream import Mechanism, read
 
 logger = logging.getLogger(__name__)
 
@@ -355,13 +356,19 @@ def group_buffers(
             buffers = GroupBuffers(spec, overrides, where if where is not None else "cpu", modes)
             buffers.check_capacity(overrides.get("max_num_seqs"), overrides.get("max_num_batched_tokens"))
             buffers.not_routed = tuple(not_routed)
-            buffers.layers = tuple(map(str, read(builder, "layer_names", _BUILDER)))
+            if _provides():  # the UpdatableGraph providers find the group's metadata by these names
+                buffers.layers = tuple(map(str, read(builder, "layer_names", _BUILDER)))
             _log_not_routed(builder, buffers)
             cache[q_len] = buffers
     return cache[q_len]
 
 
 _logged: set[tuple[Any, ...]] = set()
+
+
+def _provides() -> bool:
+    decided = activation.current()
+    return decided is not None and decided.mechanism is Mechanism.UPDATABLE
 
 
 def _log_not_routed(builder: Any, buffers: GroupBuffers) -> None:
