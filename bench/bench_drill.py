@@ -1,6 +1,9 @@
 """``graphbuf drill`` on the shipped spec, timed phase by phase.
 
-Usage: ``python bench/bench_drill.py [--replays 60] [--seed 0] [--threads 0] [--json PATH]``.
+Usage: ``python bench/bench_drill.py [--replays 60] [--seed 0] [--threads 0] [--json PATH]``, or
+``python bench/bench_drill.py --model tiny [--requests 4] [--seed 0]`` for the whole-model drill
+(``graphbuf drill gemma4-31b-it-mtp --model tiny``): its wall and CPU seconds (the CPU figure is the steadier
+one on a shared machine) and, per dtype, capture seconds, steps and the checks run.
 
 Runs :func:`graphbuf.drill.session.run_drill` on ``gemma4-31b-it-mtp`` exactly as ``graphbuf drill`` does
 (every
@@ -194,6 +197,41 @@ def run(replays: int = 60, seed: int = 0, threads: int = 0) -> dict[str, Any]:
     }
 
 
+def run_model(requests: int, seed: int) -> dict[str, Any]:
+    """The whole-model drill as ``graphbuf drill SPEC --model tiny`` runs it, timed from outside."""
+    import torch
+
+    from graphbuf.drill.model import run_model_drill
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    report = run_model_drill(SPEC, requests=requests, seed=seed)
+    doc = report.as_dict()
+    return {
+        "spec": SPEC,
+        "model": "tiny",
+        "requests": requests,
+        "ok": report.ok,
+        "wall_s": round(time.perf_counter() - wall, 2),
+        "cpu_s": round(time.process_time() - cpu, 2),
+        "runs": {
+            r["dtype"]: {
+                "steps": r["steps"],
+                "mtp_off_steps": r["mtp_off_steps"],
+                "prefills": r["prefills"],
+                "capture_s": r["capture_seconds"],
+                "layer1_steps": r["layer1_replay_eager"]["checked"],
+                "layer1_draft_steps": r["layer1_draft_replay_eager"]["checked"],
+                "layer3_positions": r["layer3_teacher_forced"]["positions"],
+                "problems": r["problems"],
+            }
+            for r in doc["runs"]
+        },
+        "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+
+
 def render(res: dict[str, Any]) -> str:
     """The phase table."""
     total = res["total_s"]
@@ -220,11 +258,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the drill's seed (default 0)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--model", choices=("tiny",), help="time the whole-model drill instead")
+    parser.add_argument("--requests", type=int, default=4, help="--model: requests served (default 4)")
     args = parser.parse_args(argv)
-    if args.replays < 0 or args.threads < 0:
-        parser.error("--replays and --threads must be >= 0")
-    res = run(args.replays, args.seed, args.threads)
-    print(render(res))
+    if args.replays < 0 or args.threads < 0 or args.requests < 1:
+        parser.error("--replays and --threads must be >= 0, --requests >= 1")
+    if args.model is not None:
+        res = run_model(args.requests, args.seed)
+        print(
+            f"graphbuf drill {SPEC} --model tiny, {args.requests} requests: "
+            f"{'PASS' if res['ok'] else 'FAIL'} in {res['wall_s']} s wall, {res['cpu_s']} s CPU "
+            f"(load average {res['load_avg_1m']} on {res['cpus']} cpus)"
+        )
+    else:
+        res = run(args.replays, args.seed, args.threads)
+        print(render(res))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")

@@ -1,12 +1,13 @@
-"""``graphbuf drill SPEC --model tiny``: the whole tiny Gemma4 served under MTP through graphbuf, token for
-token against transformers' eager greedy generation.
+"""``graphbuf drill SPEC --model tiny``: the whole tiny Gemma4 and its MTP assistant served through graphbuf,
+judged in three layers per dtype (:mod:`.criterion`).
 
-:func:`run_model_drill` builds transformers' ``Gemma4ForCausalLM`` (:mod:`.tiny`), captures its whole step
-(:class:`.paged.PagedGemma4`) at every capture size of the model spec with ``GraphRunner``, serves a
-:class:`.serve.Scenario` drawn from the seed, and compares every request's tokens with
-``model.generate(do_sample=False)`` on the same weights (float32: must be identical; bfloat16: reported). A
-failing float32 run is shrunk (fewer requests, fewer tokens, while it still fails), saved as JSON, and
-``--replay FILE`` serves exactly that scenario again.
+:func:`run_model_drill` builds transformers' ``Gemma4ForCausalLM`` and ``Gemma4AssistantForCausalLM``
+(:mod:`.tiny`), captures the target's verify step, its MTP-off decode step and the assistant's draft step
+(:mod:`.paged`) at every capture size with ``GraphRunner``, serves a :class:`.serve.Scenario` drawn from the
+seed (:class:`.serve.Server`), and checks every step: replay = eager on the same buffers (bit-identical),
+replay = a live-only eager step built from the requests' state, and teacher-forced agreement with
+transformers' own forward. A failing run is shrunk (fewer requests, fewer tokens, while it still fails), saved
+as JSON, and ``--replay FILE`` serves exactly that scenario again.
 """
 
 from __future__ import annotations
@@ -21,22 +22,25 @@ import shlex
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from graphbuf.adapters.vllm_ascend.bindings.attention_tasks import LargeHeadBinding
 from graphbuf.buffers.slab import StaticBuffers
 from graphbuf.errors import SpecError
-from graphbuf.graphs.runner import GraphRunner
+from graphbuf.graphs.runner import OVERSIZE, GraphRunner
 from graphbuf.planning.planner import plan
 from graphbuf.spec.models import GraphSpec, load_spec
 
-from .paged import FAULTS, PagedGemma4
-from .serve import Request, Scenario, ServeResult, serve
-from .tiny import MODEL_CONSTANTS, build_model
+from .criterion import TeacherForced
+from .paged import FAULTS, PagedAssistant, PagedGemma4
+from .replay_file import load_model_replay
+from .report import DtypeRun, ModelDrillReport
+from .serve import Request, Scenario, Server, ServeResult
+from .tiny import MODEL_CONSTANTS, build_assistant, build_model
 
 __all__ = [
     "MODELS",
@@ -52,13 +56,12 @@ __all__ = [
 #: ``--model`` names → the model spec whose buffers and geometry the drill serves.
 MODELS = {"tiny": "gemma4-tiny-model"}
 MODEL_SPEC = MODELS["tiny"]
-FORMAT = "graphbuf-model-drill/1"
+FORMAT = "graphbuf-model-drill/2"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _Key = tuple[Any, ...]
-#: Per process: the tiny models built (sessions deep-copy them) and transformers' reference streams with
-#: their seconds, by (model constants, dtype, seed, device) and prompt; planted faults never touch either.
-_MODELS: dict[_Key, Any] = {}
-_REFERENCES: dict[_Key, dict[tuple[int, ...], tuple[list[int], float]]] = {}
+#: Per process: the tiny models built (sessions deep-copy them), by (model constants, dtype, seed, device);
+#: planted faults never touch them.
+_MODELS: dict[_Key, tuple[Any, Any]] = {}
 
 
 def _model_spec(spec: str, model: str) -> GraphSpec:
@@ -97,8 +100,17 @@ def _with_faults(spec: GraphSpec, faults: frozenset[str]) -> GraphSpec:
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _one_token(spec: GraphSpec, requests: int, drop: tuple[str, ...]) -> GraphSpec:
+    """``spec`` captured at one token per request for up to ``requests`` requests, without the buffers
+    ``drop``."""
+    sizes = sorted({max(1, requests // 2), requests})  # every live count replays, padded up to a size
+    capture = spec.capture.model_copy(update={"tokens_per_request": 1, "sizes": sizes})
+    buffers = {n: b for n, b in spec.buffers.items() if n not in drop}
+    return spec.model_copy(update={"capture": capture, "buffers": buffers})
+
+
 class ModelSession:
-    """Model, paged step, buffers and captured graphs for one dtype; :meth:`serve` runs a scenario from a
+    """Models, paged steps, buffers and captured graphs for one dtype; :meth:`serve` runs a scenario from a
     clean state (caches zeroed, buffers refreshed to their pads), so a shrunk scenario fails alike in a
     fresh session."""
 
@@ -108,66 +120,84 @@ class ModelSession:
         unknown = sorted(faults - set(FAULTS))
         if unknown:
             raise SpecError(f"model drill: unknown faults {unknown}; allowed: {', '.join(FAULTS)}")
-        base = plan(spec, overrides={"num_blocks": 1})
-        c = base.constants
-        self.k = int(c["num_speculative_tokens"])  # type: ignore[arg-type]
-        self.block_size = int(c["block_size"])  # type: ignore[arg-type]
-        self.max_model_len = int(c["max_model_len"])  # type: ignore[arg-type]
-        self.vocab = int(c["vocab_size"])  # type: ignore[arg-type]
+        c = plan(spec, overrides={"num_blocks": 2}).constants
+        self.dtype = dtype
+        self.k, self.block_size = int(c["num_speculative_tokens"]), int(c["block_size"])  # type: ignore[arg-type]
+        self.max_model_len, self.vocab = int(c["max_model_len"]), int(c["vocab_size"])  # type: ignore[arg-type]
         self.max_seqs = int(c["max_num_seqs"])  # type: ignore[arg-type]
-        self.num_blocks = 2 * self.max_seqs * -(-self.max_model_len // self.block_size)
+        if int(c["full_manager_block_size"]) != 2 * self.block_size:  # type: ignore[arg-type]
+            raise SpecError(
+                f"{spec.name}: full_manager_block_size must be 2 * block_size (the drill's layout)"
+            )
+        # kernel blocks per group (block 0 is the null block): the full group's manager blocks for every live
+        # request at the model length; the sliding group reuses its out-of-window blocks
+        self.num_blocks = 2 * (self.max_seqs * -(-self.max_model_len // (2 * self.block_size)) + 1)
         self.faults = faults
-        self.plan = plan(_with_faults(spec, faults), overrides={"num_blocks": self.num_blocks})
+        faulty = _with_faults(spec, faults)
+        over = {"num_blocks": self.num_blocks}
+        self.plan = plan(faulty, overrides=over)
         key = (tuple(sorted((n, self.plan.constants[n]) for n in MODEL_CONSTANTS)), dtype, model_seed, device)
         if key not in _MODELS:
-            c, torch_dtype = self.plan.constants, _DTYPES[dtype]
-            _MODELS[key] = build_model(c, dtype=torch_dtype, seed=model_seed, device=device)
-        self.model = copy.deepcopy(_MODELS[key])  # this session's own (its attention is switched per step)
-        self._references = _REFERENCES.setdefault(key, {})
-        self.step = PagedGemma4(self.model, num_blocks=self.num_blocks, block_size=self.block_size,
-                                faults=faults)  # fmt: skip
-        self.buffers = StaticBuffers(self.plan, device)
-        self.runner = GraphRunner(self.buffers, self.step, output_rows="tokens")
+            torch_dtype = _DTYPES[dtype]
+            _MODELS[key] = (
+                build_model(self.plan.constants, dtype=torch_dtype, seed=model_seed, device=device),
+                build_assistant(self.plan.constants, dtype=torch_dtype, seed=model_seed, device=device),
+            )
+        model, assistant = (copy.deepcopy(m) for m in _MODELS[key])  # this session's own
+        self.model = model
+        rows = OVERSIZE * self.plan.capture_sizes[-1]
+        self.target = PagedGemma4(model, num_blocks=self.num_blocks, block_size=self.block_size,
+                                  q_len=1 + self.k, max_rows=rows, faults=faults)  # fmt: skip
+        self.assistant = PagedAssistant(assistant, self.target, max_rows=rows, faults=faults)
+        decode_plan = plan(_one_token(faulty, self.max_seqs, ()), overrides=over)
+        draft_plan = plan(_one_token(faulty, self.max_seqs, ("slot_mapping",)), overrides=over)
+        self.runners = {
+            "verify": GraphRunner(StaticBuffers(self.plan, device), self.target, output_rows="tokens"),
+            "decode": GraphRunner(StaticBuffers(decode_plan, device), self.target, output_rows="tokens"),
+            "draft": GraphRunner(StaticBuffers(draft_plan, device), self.assistant, output_rows="tokens"),
+        }
         t0 = time.perf_counter()
-        self.runner.capture()
-        self.capture_seconds = time.perf_counter() - t0
-        self.reference_seconds = 0.0
-        self.reference_tokens = 0
-
-    def reference(self, req: Request) -> list[int]:
-        """transformers' eager greedy generation of ``req`` on the same weights (memoized per process by
-        model and prompt, with the seconds it took; a longer run serves a shorter one)."""
-        have, seconds = self._references.get(req.prompt, ([], 0.0))
-        if len(have) < req.max_new:
-            ids = torch.tensor([req.prompt], dtype=torch.long, device=self.buffers.device)
-            t0 = time.perf_counter()
+        for name, runner in self.runners.items():
             with torch.no_grad():
-                out = self.model.generate(
-                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=req.max_new,
-                    min_new_tokens=req.max_new, do_sample=False, pad_token_id=0,
-                )  # fmt: skip
-            have, seconds = out[0, len(req.prompt) :].tolist(), time.perf_counter() - t0
-            self._references[req.prompt] = (have, seconds)
-        self.reference_seconds += seconds * req.max_new / len(have)
-        self.reference_tokens += req.max_new
-        return have[: req.max_new]
-
-    def serve(self, scenario: Scenario) -> tuple[ServeResult, dict[int, list[int]]]:
-        """Serve ``scenario`` from a clean state; return the result and the reference streams."""
-        refs = {i: self.reference(r) for i, r in enumerate(scenario.requests)}
-        for key_cache, value_cache in self.step.caches:
-            key_cache.zero_()
-            value_cache.zero_()
-        largest = self.buffers.capture_sizes[-1]
-        self.buffers.refresh(largest, _empty_sources(self.buffers), num_reqs=0)
-        for name in self.buffers.names:  # rows written by hand (a planted fault) are unknown to the refresh
-            pad = self.plan[name].pad
-            self.buffers.full[name].fill_(0 if pad == "repeat_last" else pad)
-        result = serve(
-            scenario, self.step, self.runner, refs, k=self.k, block_size=self.block_size,
-            num_blocks=self.num_blocks, vocab=self.vocab, faults=self.faults,
+                if name == "decode":
+                    runner.capture(host_args=lambda size: LargeHeadBinding.host_args(size, []))
+                else:
+                    runner.capture()
+        self.capture_seconds = time.perf_counter() - t0
+        window = int(self.plan.constants["sliding_window"])  # type: ignore[arg-type]
+        self.server = Server(
+            target=self.target, assistant=self.assistant, verify=self.runners["verify"],
+            decode=self.runners["decode"], draft=self.runners["draft"], reference_assistant=assistant,
+            k=self.k, block_size=self.block_size, num_blocks=self.num_blocks, window=window,
+            max_num_seqs=self.max_seqs, table_width=-(-self.max_model_len // self.block_size),
+            exact=dtype != "float32", faults=faults,
         )  # fmt: skip
-        return result, refs
+
+    def serve(self, scenario: Scenario) -> ServeResult:
+        """Serve ``scenario`` from a clean state."""
+        for kv in self.target.kv:
+            kv.zero_()
+        for runner in self.runners.values():
+            buffers = runner.buffers
+            buffers.refresh(buffers.capture_sizes[-1], _empty_sources(buffers), num_reqs=0)
+            for name in buffers.names:  # rows written by hand (a planted fault) are unknown to the refresh
+                pad = buffers.plan[name].pad
+                buffers.full[name].fill_(0 if pad == "repeat_last" else pad)
+        return self.server.serve(scenario)
+
+    def teacher_forced(self, scenario: Scenario, result: ServeResult) -> TeacherForced:
+        """Layer 3: transformers' own forward (its eager attention) over each served stream, compared
+        position by position with the logits rows that chose the served tokens."""
+        tf = TeacherForced()
+        for i, served in sorted(result.streams.items()):
+            prompt = list(scenario.requests[i].prompt)
+            if not served:
+                continue
+            ids = torch.tensor([prompt + served[:-1]], dtype=torch.long, device=self.target.kv[0].device)
+            with torch.no_grad():
+                logits = self.model(ids, use_cache=False).logits[0, len(prompt) - 1 :]
+            tf.add(i, served, torch.stack(result.rows[i]), logits)
+        return tf
 
 
 def _empty_sources(buffers: StaticBuffers) -> dict[str, np.ndarray]:
@@ -184,7 +214,7 @@ def _empty_sources(buffers: StaticBuffers) -> dict[str, np.ndarray]:
 def draw_scenario(session: ModelSession, requests: int, seed: int) -> Scenario:
     """``requests`` requests drawn from ``seed``: prompt lengths 4..36, at least 16 tokens each (request 0
     runs to the model length, into the block table's last column), two arriving at step 0 and the rest
-    joining over the first steps; drafter accuracy 0.6."""
+    joining over the first steps; every 4th step MTP-off, every 3rd DP-padded."""
     rng = random.Random(seed)
     k, top = session.k, session.max_model_len
     reqs = []
@@ -194,147 +224,30 @@ def draw_scenario(session: ModelSession, requests: int, seed: int) -> Scenario:
         max_new = room if i == 0 else rng.randint(16, max(16, min(room, 32)))
         arrival = 0 if i < 2 else rng.randint(1, 4 * i)
         reqs.append(Request(tuple(rng.randrange(session.vocab) for _ in range(p)), arrival, max_new))
-    return Scenario(tuple(reqs), draft_seed=seed, accuracy=0.6)
+    return Scenario(tuple(reqs))
 
 
-# ----------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class DtypeRun:
-    """One dtype's serving compared with transformers."""
-
-    dtype: str
-    requests: int
-    result: ServeResult
-    divergences: dict[int, int]  # request -> first differing position (len of the shorter: a length mismatch)
-    replays_by_size: dict[int, int]
-    eager_steps: int
-    capture_seconds: float
-    reference_tokens_per_s: float
-
-    @property
-    def identical(self) -> int:
-        return self.requests - len(self.divergences)
-
-    @property
-    def ok(self) -> bool:
-        return not self.divergences and self.result.error is None
-
-    @property
-    def replay_tokens_per_s(self) -> float:
-        r = self.result
-        return r.tokens / r.step_seconds if r.step_seconds else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        r = self.result
-        steps = sum(r.accepted.values())
-        return {
-            "dtype": self.dtype,
-            "requests": self.requests,
-            "steps": r.steps,
-            "prefills": r.prefills,
-            "joined_mid_run": r.joined_mid_run,
-            "finished_mid_run": r.finished_mid_run,
-            "accepted_per_request_step": {str(a): n for a, n in sorted(r.accepted.items())},
-            "mean_accepted": (sum(a * n for a, n in r.accepted.items()) / steps) if steps else None,
-            "batch_sizes": {str(b): n for b, n in sorted(r.batch_sizes.items())},
-            "replays_by_size": {str(s): n for s, n in sorted(self.replays_by_size.items())},
-            "eager_steps": self.eager_steps,
-            "identical": self.identical,
-            "divergences": {str(i): p for i, p in sorted(self.divergences.items())},
-            "error": r.error,
-            "capture_seconds": round(self.capture_seconds, 2),
-            "replay_tokens_per_s": round(self.replay_tokens_per_s, 1),
-            "transformers_eager_tokens_per_s": round(self.reference_tokens_per_s, 1),
+def _dtype_run(session: ModelSession, scenario: Scenario) -> DtypeRun:
+    stats = {name: r.stats for name, r in session.runners.items()}
+    before = {name: dict(s.replays_by_size) for name, s in stats.items()}
+    eager_before = sum(s.eager for s in stats.values())
+    result = session.serve(scenario)
+    teacher = session.teacher_forced(scenario, result)
+    replays = {
+        name: {
+            z: n - before[name].get(z, 0) for z, n in s.replays_by_size.items() if n - before[name].get(z, 0)
         }
-
-
-@dataclass
-class ModelDrillReport:
-    spec: str
-    model: str
-    device: str
-    runs: list[DtypeRun] = field(default_factory=list)
-    failure: dict[str, Any] | None = None
-    shrink_serves: int = 0
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """float32 streams identical to transformers' (other dtypes are reported, not judged)."""
-        return all(r.ok for r in self.runs if r.dtype == "float32") and self.failure is None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "spec": self.spec, "model": self.model, "device": self.device, "ok": self.ok,
-            "runs": [r.as_dict() for r in self.runs], "failure": self.failure,
-            "shrink_serves": self.shrink_serves, "seconds": round(self.seconds, 2),
-        }  # fmt: skip
-
-    def render(self) -> str:
-        lines = [f"graphbuf drill: {self.spec} --model {self.model} on {self.device} (transformers' Gemma4)"]
-        for run in self.runs:
-            d, r = run.as_dict(), run.result
-            verdict = "must match" if run.dtype == "float32" else "reported"
-            lines += [
-                f"[{run.dtype}, {verdict}] requests {d['requests']} (joined mid-run {d['joined_mid_run']}, "
-                f"finished mid-run {d['finished_mid_run']}), decode steps {d['steps']}, "
-                f"prefills {d['prefills']}",
-                "  accepted draft tokens per request-step: "
-                + ", ".join(f"{a}: {n}" for a, n in d["accepted_per_request_step"].items())
-                + (f" (mean {d['mean_accepted']:.2f})" if d["mean_accepted"] is not None else ""),
-                "  live requests per step: " + ", ".join(f"{b}: {n}" for b, n in d["batch_sizes"].items()),
-                "  replays per capture size: "
-                + ", ".join(f"{s}: {n}" for s, n in d["replays_by_size"].items())
-                + f"; eager steps {d['eager_steps']} (prefills and batches above the largest size)",
-                f"  identical sequences: {run.identical}/{run.requests}"
-                + "".join(f"; request {i} first differs at token {p}"
-                          for i, p in sorted(run.divergences.items())),
-                f"  tokens/s: replay {d['replay_tokens_per_s']:.1f}, transformers eager generate "
-                f"{d['transformers_eager_tokens_per_s']:.1f}; capture {d['capture_seconds']:.1f} s",
-            ]  # fmt: skip
-            if r.error:
-                lines.append(f"  error: {r.error}")
-        if self.failure is not None:
-            f = self.failure
-            lines.append(
-                f"smallest failing scenario: {f['requests']} requests, {f['tokens']} tokens"
-                + (f" (shrunk in {self.shrink_serves} serves)" if self.shrink_serves else "")
-                + f": {f['what']}"
-            )
-            if f.get("saved"):
-                lines.append(f"saved to {f['saved']}")
-            if f.get("replay_command"):
-                lines.append(f"replay it: {f['replay_command']}")
-        lines.append(f"{'PASS' if self.ok else 'FAIL'} in {self.seconds:.1f} s")
-        return "\n".join(lines)
-
-
-def _divergences(result: ServeResult, refs: Mapping[int, list[int]]) -> dict[int, int]:
-    out = {}
-    for i, ref in refs.items():
-        got = result.streams.get(i, [])
-        if got != ref:
-            out[i] = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
-    return out
-
-
-def _dtype_run(session: ModelSession, dtype: str, scenario: Scenario) -> DtypeRun:
-    before = dict(session.runner.stats.replays_by_size)
-    eager_before = session.runner.stats.eager
-    result, refs = session.serve(scenario)
-    by_size = {s: n - before.get(s, 0) for s, n in session.runner.stats.replays_by_size.items()}
-    ref_rate = session.reference_tokens / session.reference_seconds if session.reference_seconds else 0.0
-    return DtypeRun(dtype, len(scenario.requests), result, _divergences(result, refs),
-                    {s: n for s, n in by_size.items() if n}, result.prefills + session.runner.stats.eager
-                    - eager_before, session.capture_seconds, ref_rate)  # fmt: skip
+        for name, s in stats.items()
+    }
+    eager = result.prefills + sum(s.eager for s in stats.values()) - eager_before
+    return DtypeRun(session.dtype, len(scenario.requests), result, teacher, replays, eager,
+                    session.capture_seconds)  # fmt: skip
 
 
 def _shrink(session: ModelSession, scenario: Scenario, budget: int) -> tuple[Scenario, DtypeRun, int]:
-    """Fewer requests, then fewer tokens per request, while float32 still fails (at most ``budget``)."""
+    """Fewer requests, then fewer tokens per request, while the run still fails (at most ``budget``)."""
     best = scenario
-    best_run = _dtype_run(session, "float32", scenario)
+    best_run = _dtype_run(session, scenario)
     serves = 0
 
     def attempt(cand: Scenario) -> bool:
@@ -342,46 +255,38 @@ def _shrink(session: ModelSession, scenario: Scenario, budget: int) -> tuple[Sce
         if serves >= budget:
             return False
         serves += 1
-        run = _dtype_run(session, "float32", cand)
+        run = _dtype_run(session, cand)
         if not run.ok:
             best, best_run = cand, run
             return True
         return False
 
-    for i in sorted(best_run.divergences):  # most bugs show in one request served alone
-        if len(best.requests) > 1:
-            alone = Request(best.requests[i].prompt, 0, best.requests[i].max_new)
-            if attempt(Scenario((alone,), best.draft_seed, best.accuracy)):
-                break
+    def with_requests(reqs: tuple[Request, ...]) -> Scenario:
+        return Scenario(reqs, best.mtp_off_every, best.dp_pad_every)
+
     changed = True
     while changed and serves < budget:
         changed = False
         for i in reversed(range(len(best.requests))):
             if len(best.requests) > 1 and i < len(best.requests):
-                reqs = best.requests[:i] + best.requests[i + 1 :]
-                changed |= attempt(Scenario(reqs, best.draft_seed, best.accuracy))
+                changed |= attempt(with_requests(best.requests[:i] + best.requests[i + 1 :]))
         for i in range(len(best.requests)):
             r = best.requests[i]
             if r.max_new > 1:
                 short = Request(r.prompt, r.arrival, max(1, r.max_new // 2))
-                reqs = (*best.requests[:i], short, *best.requests[i + 1 :])
-                changed |= attempt(Scenario(reqs, best.draft_seed, best.accuracy))
+                changed |= attempt(with_requests((*best.requests[:i], short, *best.requests[i + 1 :])))
     return best, best_run, serves
 
 
 def _what(run: DtypeRun) -> str:
-    if run.result.error:
-        return run.result.error
-    return "; ".join(
-        f"request {i} differs from transformers at token {p}" for i, p in sorted(run.divergences.items())
-    )
+    return "; ".join(run.problems)
 
 
 def run_model_drill(
     spec: str = "gemma4-31b-it-mtp",
     *,
     model: str = "tiny",
-    requests: int = 8,
+    requests: int = 4,
     seed: int = 0,
     model_seed: int = 0,
     device: str = "cpu",
@@ -390,21 +295,21 @@ def run_model_drill(
     scenario: Scenario | None = None,
     save: str | Path | None = None,
     replay: str | Path | None = None,
-    shrink_budget: int = 12,
+    shrink_budget: int = 6,
 ) -> ModelDrillReport:
-    """Serve the tiny Gemma4 through graphbuf and compare with transformers (module docstring).
+    """Serve the tiny Gemma4 through graphbuf and judge every dtype (module docstring).
 
     ``requests``/``seed`` draw the scenario (:func:`draw_scenario`) unless ``scenario`` is given;
-    ``faults``: planted bugs (:data:`.paged.FAULTS`, for the drill's own tests). A float32 failure is shrunk
-    with at most ``shrink_budget`` more serves and, with ``save``, written there as JSON; ``replay``: serve
-    only the scenario saved in that file (float32, with its faults, seeds and device)."""
+    ``faults``: planted bugs (:data:`.paged.FAULTS`, for the drill's own tests). The first failing dtype is
+    shrunk with at most ``shrink_budget`` more serves and, with ``save``, written there as JSON; ``replay``:
+    serve only the scenario saved in that file (its dtype, faults, seeds and device)."""
     started = time.perf_counter()
     fault_set = frozenset(faults)
     if replay is not None:
         doc = load_model_batch(replay)
         spec, model, device = doc["spec"], doc["model"], doc["device"]
         model_seed, fault_set = int(doc["model_seed"]), frozenset(doc["faults"])
-        scenario, dtypes = Scenario.from_dict(doc["scenario"]), ("float32",)
+        scenario, dtypes = Scenario.from_dict(doc["scenario"]), (doc["dtype"],)
     model_spec = _model_spec(spec, model)
     report = ModelDrillReport(spec=str(spec), model=model, device=device)
     for dtype in dtypes:
@@ -414,21 +319,19 @@ def run_model_drill(
             model_spec, dtype=dtype, model_seed=model_seed, device=device, faults=fault_set
         )
         chosen = scenario if scenario is not None else draw_scenario(session, requests, seed)
-        run = _dtype_run(session, dtype, chosen)
+        run = _dtype_run(session, chosen)
         report.runs.append(run)
-        if dtype == "float32" and not run.ok and replay is None:
+        if run.ok or report.failure is not None:
+            continue
+        small, small_run = chosen, run
+        if replay is None:
             small, small_run, report.shrink_serves = _shrink(session, chosen, shrink_budget)
-            report.failure = {
-                "requests": len(small.requests), "tokens": sum(r.max_new for r in small.requests),
-                "what": _what(small_run), "saved": str(save) if save is not None else None,
-            }  # fmt: skip
-            if save is not None:
-                save_model_batch(save, report, small, model_seed, fault_set, small_run)
-        elif dtype == "float32" and not run.ok:
-            report.failure = {
-                "requests": len(chosen.requests), "tokens": sum(r.max_new for r in chosen.requests),
-                "what": _what(run), "saved": None,
-            }  # fmt: skip
+        report.failure = {
+            "dtype": dtype, "requests": len(small.requests), "tokens": sum(r.max_new for r in small.requests),
+            "what": _what(small_run), "saved": str(save) if save is not None and replay is None else None,
+        }  # fmt: skip
+        if save is not None and replay is None:
+            save_model_batch(save, report, small, model_seed, fault_set, small_run)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -440,31 +343,23 @@ def save_model_batch(
     """Write a failing scenario as JSON with what replays it (spec, model, seeds, device, faults)."""
     doc = {
         "format": FORMAT, "spec": report.spec, "model": report.model, "device": report.device,
-        "model_seed": model_seed, "faults": sorted(faults), "scenario": scenario.as_dict(),
-        "failure": {"what": _what(run), "divergences": {str(i): p for i, p in run.divergences.items()}},
+        "model_seed": model_seed, "faults": sorted(faults), "dtype": run.dtype,
+        "scenario": scenario.as_dict(),
+        "failure": {"what": _what(run), "problems": run.problems},
     }  # fmt: skip
     Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
 def load_model_batch(path: str | Path) -> dict[str, Any]:
-    """A saved model-drill scenario; SpecError naming the file if it is not one."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"{path}: cannot read a saved model-drill scenario: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise SpecError(f'{path}: not a saved model-drill scenario (expected "format": {FORMAT!r})')
-    for key, kind in (("spec", str), ("model", str), ("device", str), ("model_seed", int), ("faults", list),
-                      ("scenario", dict)):  # fmt: skip
-        if not isinstance(doc.get(key), kind):
-            raise SpecError(
-                f"{path}: malformed saved model-drill scenario: {key!r} must be a {kind.__name__}"
-            )
-    return doc
+    """A saved model-drill scenario, every field checked and bounded (:mod:`.replay_file`); a
+    BatchFileError naming the file, the field and the value if it is not one."""
+    return load_model_replay(
+        path, format_name=FORMAT, models=MODELS, served=_model_spec, dtypes=tuple(_DTYPES), faults=FAULTS
+    )
 
 
 def run_model_drill_cli(args: argparse.Namespace, overrides: Mapping[str, int]) -> int:
-    """``graphbuf drill SPEC --model NAME`` (:mod:`graphbuf.cli`): float32 must match; bfloat16 reported."""
+    """``graphbuf drill SPEC --model NAME`` (:mod:`graphbuf.cli`): every dtype judged by layers 1-3."""
     if importlib.util.find_spec("transformers") is None:
         raise ModuleNotFoundError(
             "graphbuf drill --model needs transformers: pip install -c constraints.txt -e '.[model]'",

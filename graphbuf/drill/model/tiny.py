@@ -1,9 +1,13 @@
-"""The tiny Gemma4: transformers' own ``Gemma4ForCausalLM`` from a small config, with seeded random weights.
+"""The tiny Gemma4 and its MTP assistant: transformers' own ``Gemma4ForCausalLM`` and
+``Gemma4AssistantForCausalLM`` from small configs, with seeded random weights.
 
-The geometry comes from the model spec's constants (``specs/gemma4-tiny-model.yaml``): 5 sliding : 1 full
-layers with the last layer full, full layers at head_dim ``global_head_dim`` (512) with ``attention_k_eq_v``
-(no v_proj; V = v_norm(k_proj x)) and ``num_global_key_value_heads`` KV heads, sliding layers with a window,
-final logit soft-capping. transformers is imported here, lazily, and nowhere else in graphbuf.
+The geometry comes from the model spec's constants (``specs/gemma4-tiny-model.yaml``):
+``sliding_layers_per_full`` sliding : 1 full layers with the last layer full, full layers at head_dim
+``global_head_dim`` (512) with ``attention_k_eq_v`` (no v_proj; V = v_norm(k_proj x)) and
+``num_global_key_value_heads`` KV heads, sliding layers with a window, final logit soft-capping. The
+assistant has ``assistant_layers`` query-only layers (the last one full, the rest sliding), every one
+KV-shared: it reads the target's KV of its last sliding and last full layer. transformers is imported lazily,
+and only inside this package.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import torch
 
 from graphbuf.errors import SpecError
 
-__all__ = ["MODEL_CONSTANTS", "build_model", "layer_types", "tiny_config"]
+__all__ = ["MODEL_CONSTANTS", "build_assistant", "build_model", "layer_types", "tiny_config"]
 
 #: The spec constants the tiny model is built from.
 MODEL_CONSTANTS = (
     "num_layers", "sliding_layers_per_full", "hidden_size", "intermediate_size", "vocab_size",
     "num_attention_heads", "num_key_value_heads", "head_dim", "sliding_window", "num_global_key_value_heads",
-    "global_head_dim", "final_logit_softcapping", "max_model_len",
+    "global_head_dim", "final_logit_softcapping", "max_model_len", "assistant_layers",
+    "assistant_hidden_size", "assistant_intermediate_size",
 )  # fmt: skip
 
 
@@ -75,21 +80,95 @@ def tiny_config(constants: Mapping[str, Any]) -> Any:
     )
 
 
-def build_model(constants: Mapping[str, Any], *, dtype: torch.dtype, seed: int, device: str = "cpu") -> Any:
-    """The tiny ``Gemma4ForCausalLM`` in eval mode on ``device``: weights drawn from ``seed`` (linear weights
-    N(0, 1/fan_in), embeddings N(0, 0.05²), norm weights 1 + N(0, 0.2²)), then cast to ``dtype``."""
-    from transformers import Gemma4ForCausalLM
+def _assistant_text(
+    constants: Mapping[str, Any], layer_kinds: list[str], shared: int, config_class: Any
+) -> Any:
+    c = _constants(constants)
+    return config_class(
+        vocab_size=c["vocab_size"],
+        hidden_size=c["assistant_hidden_size"],
+        intermediate_size=c["assistant_intermediate_size"],
+        num_hidden_layers=len(layer_kinds),
+        num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c["num_key_value_heads"],
+        head_dim=c["head_dim"],
+        global_head_dim=c["global_head_dim"],
+        num_global_key_value_heads=c["num_global_key_value_heads"],
+        attention_k_eq_v=True,
+        sliding_window=c["sliding_window"],
+        layer_types=layer_kinds,
+        final_logit_softcapping=None,
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=0,
+        num_kv_shared_layers=shared,
+        max_position_embeddings=4 * c["max_model_len"],
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
 
-    torch.manual_seed(seed)
-    model = Gemma4ForCausalLM(tiny_config(constants))
+
+def _randomize(model: Any, seed: int) -> None:
+    """From ``seed``: linear weights N(0, 1/fan_in), embeddings N(0, 0.15²), norm weights 1 + N(0, 0.2²), the
+    q and k norms' times ``head_dim ** -0.25`` (attention scores of unit spread at Gemma4's scale 1.0, as
+    trained q/k norms give; at 1 their spread is ``sqrt(head_dim)`` and bf16 rounding decides every
+    softmax)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+                scale = p.shape[0] ** -0.25 if name.endswith(("q_norm.weight", "k_norm.weight")) else 1.0
+                p.copy_(scale * (1.0 + 0.2 * torch.randn(p.shape, generator=gen)))
             elif "embed_tokens" in name:
-                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+                p.copy_(0.15 * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
     model.tie_weights()
+
+
+def build_model(constants: Mapping[str, Any], *, dtype: torch.dtype, seed: int, device: str = "cpu") -> Any:
+    """The tiny ``Gemma4ForCausalLM`` in eval mode on ``device``, weights drawn from ``seed``
+    (:func:`_randomize`), then cast to ``dtype``."""
+    from transformers import Gemma4ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Gemma4ForCausalLM(tiny_config(constants))
+    _randomize(model, seed)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def build_assistant(
+    constants: Mapping[str, Any], *, dtype: torch.dtype, seed: int, device: str = "cpu"
+) -> Any:
+    """The tiny ``Gemma4AssistantForCausalLM`` beside :func:`build_model`'s target (weights: ``seed + 1``):
+    ``assistant_layers`` query-only layers (sliding, the last full) at the target's head geometry, every one
+    KV-shared, hidden size ``assistant_hidden_size``, ``pre_projection`` from twice the target's hidden size.
+
+    transformers 5.23.0 cannot build it from its own config (see :mod:`.query_only`): the class is built
+    around a buildable stand-in text model, whose ``model`` and ``text_config`` are then the real ones."""
+    from transformers import (
+        Gemma4AssistantConfig,
+        Gemma4AssistantForCausalLM,
+        Gemma4TextConfig,
+        Gemma4TextModel,
+    )
+
+    from .query_only import QueryOnlyTextConfig
+
+    n = int(constants["assistant_layers"])
+    kinds = ["sliding_attention"] * (n - 1) + ["full_attention"]
+    text = _assistant_text(constants, kinds, n, QueryOnlyTextConfig)
+    stand_in = _assistant_text(constants, ["sliding_attention", "full_attention", "full_attention"], 1,
+                               Gemma4TextConfig)  # fmt: skip
+    config = Gemma4AssistantConfig(
+        text_config=text, backbone_hidden_size=int(constants["hidden_size"]), use_ordered_embeddings=False,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    config.text_config = stand_in  # AutoModel knows Gemma4TextConfig only
+    torch.manual_seed(seed + 1)
+    model = Gemma4AssistantForCausalLM(config)
+    model.model = Gemma4TextModel(text)
+    model.config.text_config = text
+    _randomize(model, seed + 1)
     return model.to(device=device, dtype=dtype).eval()
