@@ -1123,41 +1123,63 @@ static PyTypeObject StagedType = {
 
 /* ------------------------------------------------------------------------------------------ pack */
 
+/* Spans of at least RUN_MIN words go to the run area, placed by one device copy each; shorter ones as
+ * (slab word index, word) pairs, placed together by one indexed write. */
+#define RUN_MIN 2048
+
 typedef struct {
     int64_t *idx;
     int32_t *val;
-    Py_ssize_t k, cap;
+    Py_ssize_t k, cap; /* pairs packed (counted past cap: the caller retries with room) */
+    int32_t *rdata;
+    Py_ssize_t rk; /* run words packed (counted past cap) */
+    PyObject *runs; /* [(slab word, words)] in run-area order */
 } Words;
 
-/* Element c of a host state (or the pad when pad is set) as 4-byte words at slab word base + c * words. */
-static inline void emit(Words *o, const Staged *s, int64_t base, int64_t c, int pad) {
-    int64_t per = s->isz / 4;
-    const char *src = pad ? s->pad : at(s, c);
-    for (int64_t w = 0; w < per; w++, o->k++) {
-        if (o->k >= o->cap) continue; /* counted: the caller retries with room */
-        o->idx[o->k] = base + c * per + w;
-        memcpy(&o->val[o->k], src + 4 * w, 4);
+/* n words to slab words dst..: from src, or (src NULL) the pad's per words repeated. */
+static int emit_span(Words *o, int64_t dst, const char *src, const char *pad, int64_t per, int64_t n) {
+    if (n >= RUN_MIN) {
+        if (o->rk + n <= o->cap) {
+            int32_t *d = o->rdata + o->rk;
+            if (src) memcpy(d, src, (size_t)n * 4);
+            else
+                for (int64_t i = 0; i < n; i++) memcpy(d + i, pad + 4 * (i % per), 4);
+        }
+        o->rk += n;
+        PyObject *t = Py_BuildValue("(LL)", (long long)dst, (long long)n);
+        int err = !t || PyList_Append(o->runs, t) < 0;
+        Py_XDECREF(t);
+        return err ? -1 : 0;
     }
+    for (int64_t i = 0; i < n; i++, o->k++) {
+        if (o->k >= o->cap) continue;
+        o->idx[o->k] = dst + i;
+        memcpy(&o->val[o->k], src ? src + 4 * i : pad + 4 * (i % per), 4);
+    }
+    return 0;
 }
 
 /* The cells one job's commit writes (changed cells of live rows, rows entering the live range over their
- * used width, rows leaving it over the cleared columns as pad), as words. */
-static void pack_job(const Job *j, int64_t base, Words *o) {
+ * used width, rows leaving it over the cleared columns as pad), as word spans; -1 with an error. */
+static int pack_job(const Job *j, int64_t base, Words *o) {
     const Staged *s = j->s;
-    int64_t w = s->width, keep = j->live < j->shown ? j->live : j->shown, lim = keep * w;
+    int64_t w = s->width, keep = j->live < j->shown ? j->live : j->shown, lim = keep * w, per = s->isz / 4;
     for (Py_ssize_t i = 0; i < s->nruns; i++) {
-        int64_t a = s->runs[2 * i], b = s->runs[2 * i + 1];
-        for (int64_t c = a; c < (b < lim ? b : lim); c++) emit(o, s, base, c, 0);
+        int64_t a = s->runs[2 * i], b = s->runs[2 * i + 1] < lim ? s->runs[2 * i + 1] : lim;
+        if (b > a && emit_span(o, base + a * per, at(s, a), NULL, per, (b - a) * per) < 0) return -1;
     }
-    for (Py_ssize_t i = 0; i < s->ncells; i++)
-        if (s->cells[i] >= 0 && s->cells[i] < lim) emit(o, s, base, s->cells[i], 0);
+    for (Py_ssize_t i = 0; i < s->ncells; i++) {
+        int64_t c = s->cells[i];
+        if (c >= 0 && c < lim && emit_span(o, base + c * per, at(s, c), NULL, per, per) < 0) return -1;
+    }
     for (int64_t r = j->shown; r < j->live; r++) {
-        int64_t a = r * w, b = a + (s->wide ? lens(s)[r] : 1);
-        for (int64_t c = a; c < b; c++) emit(o, s, base, c, 0);
+        int64_t a = r * w, n = s->wide ? lens(s)[r] : 1;
+        if (n > 0 && emit_span(o, base + a * per, at(s, a), NULL, per, n * per) < 0) return -1;
     }
     int64_t cc = s->wide ? j->cols : 1;
     for (int64_t r = j->live; r < j->shown; r++)
-        for (int64_t x = 0; x < cc; x++) emit(o, s, base, r * w + x, 1);
+        if (cc > 0 && emit_span(o, base + r * w * per, NULL, s->pad, per, cc * per) < 0) return -1;
+    return 0;
 }
 
 /* Rectangles (word start, rows, row words, stride words) of image as words; -1 with an error for a bad one. */
@@ -1179,13 +1201,10 @@ static int pack_rects(PyObject *rects, const int32_t *image, Py_ssize_t nwords, 
             PyErr_SetString(PyExc_ValueError, "pack: a rect reaches outside the image");
             return -1;
         }
-        for (long long r = 0; r < rows; r++)
-            for (long long c = 0; c < len; c++, o->k++) {
-                if (o->k >= o->cap) continue; /* counted: the caller retries with room */
-                int64_t at = start + r * stride + c;
-                o->idx[o->k] = at;
-                o->val[o->k] = image[at];
-            }
+        for (long long r = 0; r < rows && len; r++) {
+            int64_t at = start + r * stride;
+            if (emit_span(o, at, (const char *)(image + at), NULL, 1, len) < 0) return -1;
+        }
     }
     return 0;
 }
@@ -1203,7 +1222,7 @@ static int pack_cores(PyObject *cores, Py_ssize_t n, PyObject *rows_of, PyObject
         if (base == -1 && PyErr_Occurred()) return -1;
         if (!(s->nruns || s->ncells) && j.live == j.shown) continue;
         if (!marks) {
-            pack_job(&j, base, o);
+            if (pack_job(&j, base, o) < 0) return -1;
             continue;
         }
         if (set_marks(&j, rows_of, cols_of) < 0) return -1;
@@ -1217,12 +1236,14 @@ static int pack_cores(PyObject *cores, Py_ssize_t n, PyObject *rows_of, PyObject
  *     (word start, rows, row words, row stride in words) of the slab viewed as 4-byte words, their words
  *     read from image (the staging copy the refresh wrote them into, laid out as the slab); then, after
  *     commit(..., False) passed, the cells every core's staged commit writes (bases[i]: the buffer's
- *     offset in words). They go into arena (contiguous bytes, room for cap = len / 12 words) as slab word
- *     indices (int64 at [0, 8b)) then their words (at [8b, 12b)), for one indexed write of the whole slab
- *     viewed as int32 words, padded to b (64, 128, ...: a power of two) with copies of the last pair.
- *     Returns (k, b), the cores' marks updated and their changes forgotten; or -needed with nothing changed
- *     when the arena holds fewer; or None, nothing changed, for a core it cannot read or an element size
- *     that is not a multiple of 4 (the Python upload then runs). */
+ *     offset in words). Into arena (contiguous bytes, room for cap = len / 16 pairs and cap run words):
+ *     spans shorter than RUN_MIN words as k slab word indices (int64 at [0, 8b)) then their words (at
+ *     [8b, 12b)), padded to b (64, 128, ...: a power of two) with copies of the last pair, for one indexed
+ *     write of the slab viewed as int32 words; longer spans (a joining request's row, a wide rectangle's
+ *     row) as their words from 12b on, one device copy each, listed in runs as (slab word, words).
+ *     Returns (k, b, runs), the cores' marks updated and their changes forgotten; or -needed with nothing
+ *     changed when the arena holds fewer; or None, nothing changed, for a core it cannot read or an element
+ *     size that is not a multiple of 4 (the Python upload then runs). */
 static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "pack(rects, image, cores, n, rows_of, cols_of, bases, arena) takes 8 arguments");
@@ -1249,20 +1270,22 @@ static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     PyObject *result = NULL;
+    Py_ssize_t cap = ab.len / 16;
+    Words o = {(int64_t *)ab.buf, (int32_t *)((char *)ab.buf + 8 * cap), 0, cap,
+               (int32_t *)((char *)ab.buf + 12 * cap), 0, PyList_New(0)};
+    if (!o.runs) goto out;
     if ((uintptr_t)ab.buf % 8 || (uintptr_t)img.buf % 4) {
         PyErr_SetString(PyExc_ValueError, "pack: the arena must be 8-byte aligned, the image 4-byte aligned");
         goto out;
     }
-    Py_ssize_t cap = ab.len / 12;
-    Words o = {(int64_t *)ab.buf, (int32_t *)((char *)ab.buf + 8 * cap), 0, cap};
     if (pack_rects(rects, (const int32_t *)img.buf, img.len / 4, &o) < 0) goto out;
     int ok = pack_cores(cores, n, rows_of, cols_of, bases, &o, 0); /* pack (and count) */
     if (ok <= 0) {
         if (ok == 0) result = Py_NewRef(Py_None);
         goto out;
     }
-    if (o.k > o.cap) {
-        result = PyLong_FromSsize_t(-o.k);
+    if (o.k > o.cap || o.rk > o.cap) {
+        result = PyLong_FromSsize_t(-(o.k > o.rk ? o.k : o.rk));
         goto out;
     }
     if (pack_cores(cores, n, rows_of, cols_of, bases, &o, 1) < 0) goto out; /* the marks, once all fits */
@@ -1278,8 +1301,10 @@ static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         for (Py_ssize_t i = o.k; i < b; i++) o.idx[i] = o.idx[o.k - 1], o.val[i] = o.val[o.k - 1];
         memmove((char *)ab.buf + 8 * b, o.val, (size_t)b * 4); /* the words right after the indices */
     }
-    result = Py_BuildValue("(nn)", o.k, b);
+    if (o.rk) memmove((char *)ab.buf + 12 * b, o.rdata, (size_t)o.rk * 4); /* then the run area */
+    result = Py_BuildValue("(nnO)", o.k, b, o.runs);
 out:
+    Py_XDECREF(o.runs);
     PyBuffer_Release(&ab);
     PyBuffer_Release(&img);
     return result;

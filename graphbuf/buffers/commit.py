@@ -271,13 +271,15 @@ class Committer:
         if type(got) is int:  # more than the arena holds (-got words): a larger one, the same call
             arena = self._arena(k, -got)
             got = packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
-        extra = -1 if got is None else 4 * (got[0] - rect_words) if staged is not None else 0
-        if got is None:  # a staged core it cannot read: the rectangles alone
+        unread = got is None
+        if unread:  # a staged core it cannot read: the rectangles alone
             got = packer.pack(rects, self._images[k], [], 0, rows, cols, [], arena.host)
-        if got[0]:
-            self._words.index_put_(*arena.placed(got[1]))
+        pairs, bucket, runs = got
+        total = pairs + sum(n for _, n in runs)
+        if total:
+            arena.place(self._words, pairs, bucket, runs)
         self._copy(k, rest)
-        return extra
+        return -1 if unread else 4 * (total - rect_words) if staged is not None else 0
 
     def _arena(self, k: int, words: int) -> _Arena:
         """Word arena ``k`` (the upload of staging copy ``k`` reads it, behind its event), with room for
@@ -313,19 +315,20 @@ class Committer:
 
 
 class _Arena:
-    """A packed upload's memory: host bytes (pinned off the cpu) with room for ``cap`` words (a power of two)
-    and, off the cpu, as many device bytes; per bucket ``b`` the views an upload of ``b`` words uses, made
-    once (the packer pads every upload to a bucket)."""
+    """A packed upload's memory: host bytes (pinned off the cpu) with room for ``cap`` pairs (a power of two)
+    and ``cap`` run words and, off the cpu, as many device bytes; per bucket ``b`` of pairs the views an
+    upload uses, made once (the packer pads the pairs to a bucket)."""
 
     def __init__(self, words: int, pin: bool, device: torch.device) -> None:
         self.cap = 1 << max(words - 1, 63).bit_length()
-        self._host_t = torch.empty(12 * self.cap, dtype=torch.uint8, pin_memory=pin)
+        self._host_t = torch.empty(16 * self.cap, dtype=torch.uint8, pin_memory=pin)
         self.host = self._host_t.numpy()
-        self._dev_t = torch.empty(12 * self.cap, dtype=torch.uint8, device=device) if pin else None
+        self._dev_t = torch.empty(16 * self.cap, dtype=torch.uint8, device=device) if pin else None
         self._views: dict[int, tuple[Any, ...]] = {}
 
-    def placed(self, b: int) -> tuple[tuple[torch.Tensor], torch.Tensor]:
-        """Upload the first ``b`` packed words (off the cpu: one copy); the (indices,), words to place."""
+    def place(self, words: torch.Tensor, pairs: int, b: int, runs: list[tuple[int, int]]) -> None:
+        """Upload what the packer wrote (off the cpu: one copy), then place it in ``words`` (the slab as int32
+        words): ``pairs`` (indices, words) padded to ``b`` by one indexed write, each run by one copy."""
         views = self._views.get(b)
         if views is None:
             on = self._dev_t if self._dev_t is not None else self._host_t
@@ -337,9 +340,19 @@ class _Arena:
             )
             self._views[b] = views
         host, dev, idx, val = views
+        end = 12 * b + 4 * sum(n for _, n in runs)
         if self._dev_t is not None:
-            dev.copy_(host, non_blocking=True)
-        return (idx,), val
+            (dev if end == 12 * b else self._dev_t[:end]).copy_(
+                host if end == 12 * b else self._host_t[:end], non_blocking=True
+            )
+        if pairs:
+            words.index_put_((idx,), val)
+        if runs:
+            src = (self._dev_t if self._dev_t is not None else self._host_t)[12 * b : end].view(torch.int32)
+            at = 0
+            for dst, n in runs:
+                words[dst : dst + n].copy_(src[at : at + n])
+                at += n
 
 
 def _rectangle(slot: Slot, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:

@@ -344,23 +344,26 @@ def test_an_eager_step_reads_staged_host_state_and_leaves_the_writes_staged(buff
 
 
 def test_a_packed_upload_larger_than_its_arena_grows_it_and_writes_every_cell(host_state: str) -> None:
-    """The packed upload's arena starts at 4096 words: a commit of 8 rows x 1024 columns entering the live
-    range (8192 words) and a whole buffer past PACK_MAX (its own copy) still write the bytes an in-place
-    commit writes."""
+    """The packed upload's arena starts at 4096 words: a commit of 8 rows x 2560 columns entering the live
+    range (runs: rows of at least 2048 words, placed by a copy each), rows of a full source as runs too,
+    rows leaving as pad runs, and a whole buffer past PACK_MAX (its own copy) still write the bytes an
+    in-place commit writes."""
     from graphbuf import GraphSpec
 
     spec = GraphSpec.model_validate({
-        "version": 1, "name": "wide", "constants": {"max_num_seqs": 8, "width": 1024, "big": 4096},
+        "version": 1, "name": "wide", "constants": {"max_num_seqs": 8, "width": 2560, "big": 4096},
         "capture": {"tokens_per_request": 1, "sizes": [8]},
         "buffers": {
             "bt": {"dtype": "int32", "rows": "requests", "cols": "width", "min": 0, "max": 9999},
             "lens": {"dtype": "int64", "rows": "requests", "min": 0},
             "wide": {"dtype": "int32", "rows": "requests", "cols": "big"},
+            "mid": {"dtype": "int64", "rows": 4, "cols": 1030, "pad": -1},
         },
     })  # fmt: skip
     rng = np.random.default_rng(7)
-    rows = rng.integers(0, 9999, (8, 1024), dtype=np.int32)
+    rows = rng.integers(0, 9999, (8, 2560), dtype=np.int32)
     wide = rng.integers(0, 1 << 30, (8, 4096), dtype=np.int32)  # 128 KiB: above PACK_MAX
+    mid = rng.integers(0, 1 << 40, (4, 1030))  # rows of 2060 words: runs of the image, 32 KiB in all
     got = []
     for staging in (None, 2):
         b = StaticBuffers(spec, staging=staging)
@@ -368,8 +371,11 @@ def test_a_packed_upload_larger_than_its_arena_grows_it_and_writes_every_cell(ho
         for r in range(8):
             h.set_row(r, rows[r])
         b.stage("lens").set(0, np.arange(8, dtype=np.int64) + 1)
-        b.refresh(8, {"wide": wide}, num_reqs=8)
+        b.refresh(8, {"wide": wide, "mid": mid}, num_reqs=8)
+        got.append({name: b.full[name].clone() for name in b.names})
+        b.refresh(8, {"wide": wide[:3], "mid": mid[:, :1000]}, num_reqs=3)  # rows 3..7 leave: pad runs
         got.append({name: b.full[name].clone() for name in b.names})
     for name in got[0]:
-        assert torch.equal(got[0][name], got[1][name]), name
-    assert torch.equal(got[1]["bt"], torch.from_numpy(rows))
+        assert torch.equal(got[0][name], got[2][name]) and torch.equal(got[1][name], got[3][name]), name
+    assert torch.equal(got[2]["bt"], torch.from_numpy(rows))
+    assert torch.equal(got[3]["mid"][:, 1000:], torch.full((4, 30), -1))
