@@ -15,7 +15,7 @@ code path on a cpu slab with ``staging=2`` against the in-place step (:func:`cpu
   (2026-12-04): one copy per touched buffer (6 on this spec), not one; packing the rectangles into one
   upload in Python made that 1 but cost more host time than it saved (530-560 µs against 145-313 µs). The
   packing is now native (``_staged.pack``: every rectangle up to ``commit.PACK_MAX`` bytes and the staged
-  cells as slab words, one upload, one ``index_put_``); not yet measured on a device.
+  cells as slab words, one upload, one ``put_``); not yet measured on a device.
 * Refresh µs: host time of ``refresh`` (it returns once the upload is queued) and refresh + synchronize.
 * Replay vs eager: ``Gemma4AttentionTask`` decode and verify (2 full-attention layers, Nq 16, Nkv 2,
   head dim 512, bf16) through ``GraphRunner`` on ``StaticBuffers(..., device="cuda")`` at each capture size,
@@ -346,7 +346,7 @@ def cpu_proxy(quick: bool = False, steps: int = 60) -> dict[str, Any]:
     then ``refresh(size, {query_start_loc}, num_reqs=n)``) on a slab with ``staging=2`` (host pack, the
     upload's code path, the placement; no device) against the same step written in place, interleaved, at
     every live count of bench_steps. torch runs one intra-op thread here: on a loaded 2-core machine its
-    second OpenMP worker is descheduled for milliseconds inside ``index_put_``, which measures the machine."""
+    second OpenMP worker is descheduled for milliseconds inside the placement, which measures the machine."""
     from common import decode_spec
 
     threads = torch.get_num_threads()

@@ -11,7 +11,7 @@ values), else through numpy. On the cpu the rectangles are written into the slab
 accelerator; a cpu slab on request) they are written into one of ``depth`` host staging copies; then, with
 the native packer (``_staged.pack``), every rectangle of 4-byte elements up to :data:`PACK_MAX` bytes and
 the refresh's staged cells go into one arena as slab word indices and words, uploaded in one non-blocking
-copy and placed by one ``index_put_`` of the slab viewed as int32 words (device work independent of the
+copy and placed by one ``put_`` of the slab viewed as int32 words (device work independent of the
 number of buffers); larger rectangles, narrower elements and (without the packer) every rectangle are
 uploaded one copy each; device-resident sources are copied on the device last. An event recorded after
 the uploads fences each staging copy and its arena: they are reused only after their upload finished, so
@@ -266,7 +266,7 @@ class Committer:
         cores, n, bases = staged if staged is not None else ([], 0, [])
         rows, cols = self._rows, self._cols
         packer: Any = self._packer
-        arena = self._arena(k, 0)
+        arena = self._arenas[k] or self._arena(k, 0)
         got = packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
         if type(got) is int:  # more than the arena holds (-got words): a larger one, the same call
             arena = self._arena(k, -got)
@@ -275,10 +275,13 @@ class Committer:
         if unread:  # a staged core it cannot read: the rectangles alone
             got = packer.pack(rects, self._images[k], [], 0, rows, cols, [], arena.host)
         pairs, bucket, runs = got
-        total = pairs + sum(n for _, n in runs)
+        total = pairs + sum(n for _, n in runs) if runs else pairs
         if total:
             arena.place(self._words, pairs, bucket, runs)
-        self._copy(k, rest)
+        if rest:
+            self._copy(k, rest)
+        else:
+            self._fence(k)
         return -1 if unread else 4 * (total - rect_words) if staged is not None else 0
 
     def _arena(self, k: int, words: int) -> _Arena:
@@ -306,12 +309,17 @@ class Committer:
                 if slot.repeat_last and n and end > n:
                     tail = dst[n:end, :c] if wide else dst[n:end]
                     tail.copy_((dst[n - 1 : n, :c] if wide else dst[n - 1 : n]).expand_as(tail))
-        if self.device.type != "cpu":  # a cpu slab's uploads are done when they return
+        self._fence(k)
+        return 0
+
+    def _fence(self, k: int) -> None:
+        """The event that fences staging copy ``k`` (none on a cpu slab: its uploads are done when they
+        return); the next refresh assembles in the next copy."""
+        if self._pin:
             event = getattr(torch, self.device.type).Event()
             event.record()
             self._events[k] = event
         self._turn = (k + 1) % len(self._targets)
-        return 0
 
 
 class _Arena:
@@ -328,7 +336,7 @@ class _Arena:
 
     def place(self, words: torch.Tensor, pairs: int, b: int, runs: list[tuple[int, int]]) -> None:
         """Upload what the packer wrote (off the cpu: one copy), then place it in ``words`` (the slab as int32
-        words): ``pairs`` (indices, words) padded to ``b`` by one indexed write, each run by one copy."""
+        words): ``pairs`` (indices, words) padded to ``b`` by one ``put_``, each run by one copy."""
         views = self._views.get(b)
         if views is None:
             on = self._dev_t if self._dev_t is not None else self._host_t
@@ -340,13 +348,14 @@ class _Arena:
             )
             self._views[b] = views
         host, dev, idx, val = views
-        end = 12 * b + 4 * sum(n for _, n in runs)
-        if self._dev_t is not None:
-            (dev if end == 12 * b else self._dev_t[:end]).copy_(
-                host if end == 12 * b else self._host_t[:end], non_blocking=True
-            )
+        if runs:
+            end = 12 * b + 4 * sum(n for _, n in runs)
+            if self._dev_t is not None:
+                self._dev_t[:end].copy_(self._host_t[:end], non_blocking=True)
+        elif self._dev_t is not None:
+            dev.copy_(host, non_blocking=True)
         if pairs:
-            words.index_put_((idx,), val)
+            words.put_(idx, val)
         if runs:
             src = (self._dev_t if self._dev_t is not None else self._host_t)[12 * b : end].view(torch.int32)
             at = 0

@@ -213,7 +213,7 @@ def test_a_staged_commit_is_one_scatter_per_element_size_not_per_buffer(
     slab words: one indexed write in all (int64 cells are two words each)."""
     b = _buffers(2)
     calls = []
-    real, real_put = torch.Tensor.__setitem__, torch.Tensor.index_put_
+    real, real_put = torch.Tensor.__setitem__, torch.Tensor.put_
 
     def spy(self, key, value):  # the scatter: one indexed write per element size
         if isinstance(key, torch.Tensor):
@@ -221,11 +221,11 @@ def test_a_staged_commit_is_one_scatter_per_element_size_not_per_buffer(
         return real(self, key, value)
 
     def spy_put(self, key, value):  # padded to a bucket of 64 with copies of the last pair: distinct cells
-        calls.append((str(self.dtype), key[0].unique().numel()))
+        calls.append((str(self.dtype), key.unique().numel()))
         return real_put(self, key, value)
 
     monkeypatch.setattr(torch.Tensor, "__setitem__", spy)
-    monkeypatch.setattr(torch.Tensor, "index_put_", spy_put)
+    monkeypatch.setattr(torch.Tensor, "put_", spy_put)
     b.stage(BT).set_row(0, np.array([1, 2, 3], np.int32))
     b.stage("block_table.sliding").set_row(0, np.array([4], np.int32))
     b.stage("seq_lens").set(0, np.array([5], np.int32))
