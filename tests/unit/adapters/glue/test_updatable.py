@@ -365,3 +365,28 @@ def test_negative_runner_lengths_are_refused_with_nothing_written(upd_tree: Any)
     model = Model(upd_tree)
     with pytest.raises(RefreshError, match=r"must lie in \[0, 12\]"):
         model.build([5, -2])
+
+
+def test_the_activation_line_names_the_updatable_mechanism_and_the_owner(
+    fake_tree: Any, npu_standin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Section 7 on a 0.30+ surface: the one INFO line, logged when the deferred patch applies, says active,
+    UpdatableGraph and what decided it, what graphbuf routes and what upstream owns."""
+    add_updatable(monkeypatch)
+    monkeypatch.delenv(activation.OWNER_ENV, raising=False)
+    lines: list[str] = []
+    monkeypatch.setattr(activation, "_announced", False)
+    monkeypatch.setattr(
+        activation, "_logger", lambda: SimpleNamespace(info=lambda f, *a: lines.append(f % a))
+    )
+    monkeypatch.setattr(plugin, "_decision", None)
+    real_activate = plugin.activate
+    monkeypatch.setattr(plugin, "activate", lambda: real_activate(npu_available=True))
+    plugin.register()
+    assert lines == []  # deferred until the attention module imports
+    importlib.import_module("vllm_ascend.attention.attention_v1")
+    [line] = lines
+    assert line.startswith("graphbuf vllm-ascend plugin: active: vllm_ascend.attention.attention_v1 patched")
+    assert "update mechanism UpdatableGraph (vllm_ascend.compilation.updatable_graph.register_task" in line
+    assert "registered with the graph through register_task" in line
+    assert "graphbuf routes the 512-dim full-attention layers" in line and "large-head owner graphbuf" in line
