@@ -47,6 +47,7 @@ from real_fixtures import (
     random_batch,
 )
 from test_real_forward import SLIDING_AFTER_FULL, TOL, _fia_calls, make_impl, reference
+from vllm.config import set_current_vllm_config
 from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor, set_forward_context
 
@@ -57,6 +58,9 @@ av1 = importlib.import_module("vllm_ascend.attention.attention_v1")
 acl_graph = importlib.import_module("vllm_ascend.compilation.acl_graph")
 extra_ctx = importlib.import_module("vllm_ascend.ascend_forward_context")._EXTRA_CTX
 ascend_config = importlib.import_module("vllm_ascend.ascend_config")
+attention_utils = importlib.import_module("vllm_ascend.attention.utils")
+GEMMA4 = SimpleNamespace(model_type="gemma4")
+"""A Gemma4 ``hf_config``: turns on vllm-ascend's layer-aware FIA replay (tasks keyed by layer name)."""
 UPDATABLE = importlib.util.find_spec("vllm_ascend.compilation.updatable_graph") is not None
 """The tree updates FULL-graph tasks through UpdatableGraph (else through ``update_graph_params``)."""
 FULL = CUDAGraphMode.FULL
@@ -183,22 +187,36 @@ def _emulate_routed_replay(model: TwoLayerModel, route: Any, metadata: Any, size
         model.routed_forward(size, metadata)
 
 
-def _run_sequence(q_len: int, max_num_seqs: int, steps: list[tuple[int, int]], seed: int) -> dict[str, Any]:
+@pytest.fixture
+def layer_aware_cache() -> Any:
+    """vllm-ascend caches its Gemma4 decision (an lru_cache): cleared around the test."""
+    attention_utils.needs_layer_aware_fia_graph_replay.cache_clear()
+    yield
+    attention_utils.needs_layer_aware_fia_graph_replay.cache_clear()
+
+
+def _run_sequence(
+    q_len: int, max_num_seqs: int, steps: list[tuple[int, int]], seed: int, hf_config: Any = None
+) -> dict[str, Any]:
     num_spec = q_len - 1
     serving = VllmServing(max_num_seqs, num_spec, max_num_batched_tokens=8192)
     cert = certify(serving)
     assert cert.ok, cert.render()
     sizes = list(cert.capture_sizes)
     config = make_vllm_config(
-        capture_sizes=sizes, num_spec=num_spec, max_num_seqs=max_num_seqs, max_model_len=MAX_MODEL_LEN
-    )
+        capture_sizes=sizes, num_spec=num_spec, max_num_seqs=max_num_seqs, max_model_len=MAX_MODEL_LEN,
+        hf_config=hf_config,
+    )  # fmt: skip
     ascend_config.init_ascend_config(config)  # what upstream's decode path and task update read
     _graph_params(sizes)
     gen = torch.Generator().manual_seed(seed)
     specs = gemma4_specs()
     full_builder = make_builder(config, specs[FULL_LAYER])
     sliding_builder = make_builder(config, specs[SLIDING_LAYER], SLIDING_AFTER_FULL)
-    model = TwoLayerModel(config, sizes[-1], gen)
+    with set_current_vllm_config(config):  # what the impls read of it (the Gemma4 layer-aware decision)
+        model = TwoLayerModel(config, sizes[-1], gen)
+    if hf_config is not None:
+        assert model.sliding._use_layer_aware_fia_graph_replay is True
     wrapper = _wrapper(config, model, torch.npu.Stream())
     addresses = {}
     for size in reversed(sizes):  # vLLM captures the largest size first
@@ -242,6 +260,20 @@ def test_decode_replay_sequence_matches_the_reference(patched: Any, graph_pool: 
     assert got["sizes"] == [1, 2, 4, 8]
     assert len(got["checked"]) >= 20 and {size for _, size in got["checked"]} == {1, 2, 4, 8}
     assert any(live < size for live, size in got["checked"])  # padded replays happened
+
+
+def test_gemma4_layer_aware_decode_replay_sequence(
+    patched: Any, graph_pool: None, layer_aware_cache: Any
+) -> None:
+    """The decode sequence with a Gemma4 ``hf_config``: vllm-ascend re-issues its sliding-layer FIA by layer
+    name (legacy: layer-aware ``update_graph_params``; UpdatableGraph: its providers key by layer name)."""
+    # Layer-aware capture keeps the largest FIA workspace per size, so it compares their sizes: the stub's
+    # workspace query returns a tensor (one byte per query element) instead of None.
+    torch_npu_stub.RESULTS["_npu_fused_infer_attention_score_get_max_workspace"] = lambda **kw: torch.empty(
+        kw["query"].numel(), dtype=torch.uint8
+    )
+    got = _run_sequence(1, 8, DECODE_STEPS, seed=203, hf_config=GEMMA4)
+    assert len(got["checked"]) >= 20 and {size for _, size in got["checked"]} == {1, 2, 4, 8}
 
 
 def test_mtp_verify_replay_sequence_matches_the_reference(patched: Any, graph_pool: None) -> None:
