@@ -109,12 +109,21 @@ def test_vllm_ascend_14024_capacity_is_checked_against_the_largest_size_at_activ
     reach max_num_seqs x (1 + k) tokens, which route with exactly max_num_seqs rows."""
     av1, q = legacy_tree.av1, 1 + k
     builder = make_builder(av1, spec_tokens=k, capture_sizes=[q * r for r in (1, 2, 4, 8, 16, 32)])
-    group = resolve.group_buffers(builder, "cpu", kernel_block_size=4)
+    checked: list[tuple[Any, ...]] = []
+    real_check = resolve.GroupBuffers.check_capacity
+
+    def check(self: Any, *args: Any) -> None:
+        checked.append(args)
+        real_check(self, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(resolve.GroupBuffers, "check_capacity", check)
+        group = resolve.group_buffers(builder, "cpu", kernel_block_size=4)
+    assert checked == [(16, 2048)]  # at the group's activation, with the vLLM config's envelope
     assert max(group.capture_sizes) == 16 * q  # 16 = max_num_seqs; 32 requests are left to upstream
     assert group.not_routed == (32 * q,)
     rows = {name: int(group.buffers.view(16 * q)[name].shape[0]) for name in resolve.ROUTED_BUFFERS}
     assert rows == dict.fromkeys(resolve.ROUTED_BUFFERS, 16)
-    group.check_capacity(16, 2048)  # what activation ran
     per_request = rf"{16 * q} tokens // {q} tokens per request = 16 rows > max_num_seqs 8"
     with pytest.raises(SpecError, match=per_request):
         group.check_capacity(8, 2048)
