@@ -75,11 +75,17 @@ def register() -> None:
 
 def decision() -> str | None:
     """What ``register()`` decided in this process, or None if it has not run here yet. A deferred patch
-    that later found an upstream miss at the attention module's import reads ``inactive: ...``."""
+    that later found an upstream miss at the attention module's import reads ``inactive: ...``; one that
+    applied there reads ``active: ...`` with the update mechanism and the large-head owner."""
     patch = sys.modules.get(f"{__package__}.patch")
     reason = None if patch is None else patch.inactive_reason()
     if _decision is not None and reason is not None:
         return f"inactive: {reason}"
+    state = sys.modules.get(f"{__package__}.activation")
+    decided = None if state is None else state.current()
+    if _decision is not None and _decision.endswith(_DEFERRED) and decided is not None:
+        applied = _decision.removesuffix(_DEFERRED).replace("patch deferred", "patch applied at its import")
+        return f"{applied}; {decided.describe()}"
     return _decision
 
 

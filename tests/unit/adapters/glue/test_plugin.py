@@ -291,7 +291,8 @@ def test_a_deferred_activation_logs_its_info_line_when_the_module_is_patched(
     assert line.startswith("graphbuf vllm-ascend plugin: active: vllm_ascend.attention.attention_v1 patched")
     assert "update mechanism update_graph_params" in line
     assert "graphbuf routes the 512-dim full-attention layers" in line and "upstream owns every other" in line
-    assert plugin.decision().startswith("active:")
+    assert plugin.decision().startswith("active: vllm-ascend 0.23.0; attention patch applied at its import; ")
+    assert "update mechanism update_graph_params" in plugin.decision()
 
 
 _real_activate = plugin.activate
