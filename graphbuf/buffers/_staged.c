@@ -1151,11 +1151,14 @@ static int emit_span(Words *o, int64_t dst, const char *src, const char *pad, in
         Py_XDECREF(t);
         return err ? -1 : 0;
     }
-    for (int64_t i = 0; i < n; i++, o->k++) {
-        if (o->k >= o->cap) continue;
-        o->idx[o->k] = dst + i;
-        memcpy(&o->val[o->k], src ? src + 4 * i : pad + 4 * (i % per), 4);
-    }
+    int64_t m = o->k >= o->cap ? 0 : (o->cap - o->k < n ? o->cap - o->k : n); /* what fits (counted: n) */
+    int64_t *idx = o->idx + o->k;
+    int32_t *val = o->val + o->k;
+    for (int64_t i = 0; i < m; i++) idx[i] = dst + i;
+    if (src) memcpy(val, src, (size_t)m * 4);
+    else
+        for (int64_t i = 0; i < m; i++) memcpy(val + i, pad + 4 * (i % per), 4);
+    o->k += n;
     return 0;
 }
 
@@ -1238,8 +1241,8 @@ static int pack_cores(PyObject *cores, Py_ssize_t n, PyObject *rows_of, PyObject
  *     commit(..., False) passed, the cells every core's staged commit writes (bases[i]: the buffer's
  *     offset in words). Into arena (contiguous bytes, room for cap = len / 16 pairs and cap run words):
  *     spans shorter than RUN_MIN words as k slab word indices (int64 at [0, 8b)) then their words (at
- *     [8b, 12b)), padded to b (64, 128, ...: a power of two) with copies of the last pair, for one indexed
- *     write of the slab viewed as int32 words; longer spans (a joining request's row, a wide rectangle's
+ *     [8b, 12b)), padded to b (64, or k rounded up to an eighth of the power of two below it) with copies of
+ *     the last pair, for one indexed write of the slab viewed as int32 words; longer spans (a joining request's row, a wide rectangle's
  *     row) as their words from 12b on, one device copy each, listed in runs as (slab word, words).
  *     Returns (k, b, runs), the cores' marks updated and their changes forgotten; or -needed with nothing
  *     changed when the arena holds fewer; or None, nothing changed, for a core it cannot read or an element
@@ -1289,11 +1292,14 @@ static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         goto out;
     }
     if (pack_cores(cores, n, rows_of, cols_of, bases, &o, 1) < 0) goto out; /* the marks, once all fits */
-    /* Padded to a bucket b (64, 128, ... <= cap, a power of two) with copies of the last pair: the same
-     * index with the same word, so the caller's views of each bucket are made once. */
+    /* Padded to a bucket b with copies of the last pair (the same index with the same word), so the
+     * caller's views of each bucket are made once: 64, or k rounded up to an eighth of the power of two
+     * below it (at most 1/8 of the pairs are padding; at most 8 buckets per octave). */
     Py_ssize_t b = 0;
     if (o.k) {
-        for (b = 64; b < o.k; b <<= 1) {}
+        Py_ssize_t q = 8;
+        while (q * 16 <= o.k) q <<= 1;
+        b = o.k <= 64 ? 64 : (o.k + q - 1) / q * q;
         if (b > cap) {
             PyErr_SetString(PyExc_ValueError, "pack: the arena's room must be a power of two words (>= 64)");
             goto out;

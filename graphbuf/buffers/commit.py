@@ -196,7 +196,8 @@ class Committer:
         if self._events[k] is not None:
             self._events[k].synchronize()  # the upload that last read this staging copy has finished
         targets = self._targets[k]
-        touched = self._rectangles(prepared, size) if self.staged else None
+        split = self._split(prepared, size) if self._packer is not None else None
+        touched = self._rectangles(prepared, size) if self.staged and split is None else None
         kernel = self.layout.kernel
         moved = None
         if kernel is not None:
@@ -204,8 +205,10 @@ class Committer:
         if moved is None:
             moved = self._write_numpy(targets, prepared, size)
         extra = 0
-        if touched is not None:
-            extra = self._upload(k, touched, staged) if self._packer is not None else self._copy(k, touched)
+        if split is not None:
+            extra = self._upload(k, *split, staged)
+        elif touched is not None:
+            extra = self._copy(k, touched)
         self._refreshes += 1
         self._last = moved
         self._total += moved
@@ -242,27 +245,45 @@ class Committer:
             moved += r * c * slot.itemsize
         return moved
 
-    def _upload(
-        self, k: int, touched: list[tuple[Prepared, int, int, int]], staged: tuple[Any, ...] | None
-    ) -> int:
-        """Every rectangle of ``touched`` (up to :data:`PACK_MAX` bytes, 4-byte elements) and the staged
-        cells in one packed upload and one indexed write of the slab as int32 words; the rest (larger
-        rectangles, device-resident sources) as :meth:`_copy` does. Returns the staged bytes (-1: not
-        packed)."""
+    def _split(
+        self, prepared: Sequence[Prepared], size: int
+    ) -> tuple[list[tuple[int, int, int, int]], int, list[tuple[Prepared, int, int, int]]]:
+        """:meth:`_rectangles` for the packed upload, before the write: the rectangles that pack (4-byte
+        elements, up to :data:`PACK_MAX` bytes) as (word start, rows, row words, row stride in words), their
+        words, and the rest as :meth:`_copy` takes them (larger rectangles; a device-resident source's live
+        cells, copied on the device after the placement)."""
         rects, rest = [], []
         rect_words = 0
-        words_of = self._words_of
-        for t in touched:
-            (slot, _, dev, _, _), end, r, c = t
-            of = words_of[slot.index]  # (word start, words per column, row stride in words), or None
+        rows_of, cols_of, ends, words_of = self._rows, self._cols, self._ends[size], self._words_of
+        for p in prepared:
+            slot, host, dev, n, w = p
+            i = slot.index
+            if dev is not None and dev.untyped_storage().data_ptr() == self._slab_storage:
+                p = (slot, host, dev.clone(), n, w)
+            end = ends[i]
+            r, c = _rectangle(slot, n, w, end, rows_of[i], cols_of[i])
+            of = words_of[i]  # (word start, words per column, row stride in words), or None
             if of is not None and r and c and r * c * of[1] <= PACK_MAX // 4:
                 start, per, row = of
                 rects.append((start, r, c * per, row))
                 rect_words += r * c * per
                 if dev is not None:
-                    rest.append((t[0], end, 0, c))  # its live cells, on the device, after the placement
+                    rest.append((p, end, 0, c))
             else:
-                rest.append(t)
+                rest.append((p, end, r, c))
+        return rects, rect_words, rest
+
+    def _upload(
+        self,
+        k: int,
+        rects: list[tuple[int, int, int, int]],
+        rect_words: int,
+        rest: list[tuple[Prepared, int, int, int]],
+        staged: tuple[Any, ...] | None,
+    ) -> int:
+        """The rectangles of :meth:`_split` and the staged cells in one packed upload and one indexed write
+        of the slab as int32 words; ``rest`` as :meth:`_copy` does. Returns the staged bytes (-1: not
+        packed)."""
         cores, n, bases = staged if staged is not None else ([], 0, [])
         rows, cols = self._rows, self._cols
         packer: Any = self._packer
