@@ -2,8 +2,8 @@
 
 Usage: ``python bench/bench_cuda.py [--quick] [--json PATH]``. Without CUDA it prints
 ``CUDA not available: skipped`` and writes ``{"skipped": true}`` results. ``--cpu-proxy``: the same refresh
-code path on a cpu slab with ``staging=2`` against the in-place step (:func:`cpu_proxy`); its last line reads
-``cpu proxy: staging2/in_place worst=X``.
+code path on a cpu slab with ``upload_copies=2`` against the in-place step (:func:`cpu_proxy`); its last
+line reads ``cpu proxy: copies2/in_place worst=X``.
 
 * Copies: ``StaticBuffers(spec, device="cuda")`` refreshed from pinned host sources (``common.step_buffers``)
   K times under ``torch.profiler`` (CPU + CUDA activities). The refresh runs in a
@@ -343,7 +343,7 @@ def _proxy_trace(sb: StaticBuffers, live: int, steps: int, rng: Any) -> list[tup
 
 def cpu_proxy(quick: bool = False, steps: int = 60) -> dict[str, Any]:
     """The accelerator path's host work on the cpu (issue 32 §3): bench_steps' staged step (staged writes,
-    then ``refresh(size, {query_start_loc}, num_reqs=n)``) on a slab with ``staging=2`` (host pack, the
+    then ``refresh(size, {query_start_loc}, num_reqs=n)``) on a slab with ``upload_copies=2`` (host pack, the
     upload's code path, the placement; no device) against the same step written in place, interleaved, at
     every live count of bench_steps. torch runs one intra-op thread here: on a loaded 2-core machine its
     second OpenMP worker is descheduled for milliseconds inside the placement, which measures the machine."""
@@ -369,7 +369,7 @@ def _proxy_point(spec: Any, block: int, live: int, steps: int, rng: Any) -> dict
     import time
 
     ref = StaticBuffers(spec)
-    pair = {"in_place": StaticBuffers(spec), "staging2": StaticBuffers(spec, staging=2)}
+    pair = {"in_place": StaticBuffers(spec), "copies2": StaticBuffers(spec, upload_copies=2)}
     handles = {
         k: {name: b.stage(name) for name in b.names if name != "query_start_loc"} for k, b in pair.items()
     }
@@ -385,21 +385,21 @@ def _proxy_point(spec: Any, block: int, live: int, steps: int, rng: Any) -> dict
             if i:
                 us[k].append((time.perf_counter_ns() - t0) / 1e3)
     for name in ref.names:  # both hold the same bytes
-        if not torch.equal(pair["in_place"].full[name], pair["staging2"].full[name]):
+        if not torch.equal(pair["in_place"].full[name], pair["copies2"].full[name]):
             raise AssertionError(f"cpu proxy: block {block}, live {live}: {name} differs")
-    a, b = float(np.median(us["in_place"])), float(np.median(us["staging2"]))
-    return {"block": block, "live": live, "in_place_us": a, "staging2_us": b, "ratio": b / a}
+    a, b = float(np.median(us["in_place"])), float(np.median(us["copies2"]))
+    return {"block": block, "live": live, "in_place_us": a, "copies2_us": b, "ratio": b / a}
 
 
 def render_proxy(res: dict[str, Any]) -> str:
-    rows = [[p["block"], p["live"], f"{p['in_place_us']:.1f}", f"{p['staging2_us']:.1f}", f"{p['ratio']:.2f}"]
+    rows = [[p["block"], p["live"], f"{p['in_place_us']:.1f}", f"{p['copies2_us']:.1f}", f"{p['ratio']:.2f}"]
             for p in res["points"]]  # fmt: skip
     table = render_table(
-        "cpu proxy of the accelerator path: staged step, median µs (staging=2 vs in place, cpu slab)",
-        ["block", "live", "in place µs", "staging=2 µs", "ratio"],
+        "cpu proxy of the accelerator path: staged step, median µs (upload_copies=2 vs in place, cpu slab)",
+        ["block", "live", "in place µs", "upload_copies=2 µs", "ratio"],
         rows,
     )
-    return f"{table}\ncpu proxy: staging2/in_place worst={res['worst']:.2f} (target <= 1.5)"
+    return f"{table}\ncpu proxy: copies2/in_place worst={res['worst']:.2f} (target <= 1.5)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,13 +8,13 @@ so a refresh costs O(live rows × live width + the cells earlier refreshes dirti
 
 The write runs in the buffers' kernel when they were built with it (``layout.kernel``; same cells, same
 values), else through numpy. On the cpu the rectangles are written into the slab in place. Staged (every
-accelerator; a cpu slab on request) they are written into one of ``depth`` host staging copies; then, with
+accelerator; a cpu slab on request) they are written into one of ``depth`` host upload copies; then, with
 the native packer (``_staged.pack``), every rectangle of 4-byte elements up to :data:`PACK_MAX` bytes and
 the refresh's staged cells go into one arena as slab word indices and words, uploaded in one non-blocking
 copy and placed by one ``put_`` of the slab viewed as int32 words (device work independent of the
 number of buffers); larger rectangles, narrower elements and (without the packer) every rectangle are
 uploaded one copy each; device-resident sources are copied on the device last. An event recorded after
-the uploads fences each staging copy and its arena: they are reused only after their upload finished, so
+the uploads fences each upload copy and its arena: they are reused only after their upload finished, so
 ``depth`` must be at least the number of refreshes in flight.
 """
 
@@ -88,7 +88,7 @@ def write_live(
 class Committer:
     """Writes validated sources into one slab, tracking each buffer's high-water mark and the bytes moved.
 
-    ``staging``: None writes a cpu slab in place; N >= 1 assembles in N host staging copies (pinned off
+    ``copies``: None writes a cpu slab in place; N >= 1 assembles in N host upload copies (pinned off
     the cpu) and uploads from them (the default on accelerators is 2).
     """
 
@@ -98,24 +98,24 @@ class Committer:
         slab: torch.Tensor,
         full: Mapping[str, torch.Tensor],
         *,
-        staging: int | None,
+        copies: int | None,
         dirty: bool,
         packer: ModuleType | None = None,
     ) -> None:
         self.layout = layout
         self.device = slab.device
-        self.staged = staging is not None
+        self.uploads = copies is not None
         self._full = tuple(full[s.name] for s in layout.order)
         shapes = [s.plan.shape for s in layout.order]
         # High-water marks by slot index: the pad fill leaves every buffer clean (poison: all dirty).
         self._rows = [sh[0] if dirty else 0 for sh in shapes]
         self._cols = [(sh[1] if len(sh) > 1 else 0) if dirty else 0 for sh in shapes]
-        if not self.staged:
+        if not self.uploads:
             self._targets = [[_np_view(t, s) for t, s in zip(self._full, layout.order)]]
             self._stage_t: list[tuple[torch.Tensor, ...]] = []
         else:
             pin = slab.device.type != "cpu"  # pinned host memory is what makes an upload asynchronous
-            images = [torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=pin) for _ in range(staging)]
+            images = [torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=pin) for _ in range(copies)]
             self._images = [img.numpy() for img in images]
             self._stage_t = [
                 tuple(img[s.plan.offset : s.plan.offset + s.plan.nbytes].view(t.dtype).view(t.shape)
@@ -131,12 +131,12 @@ class Committer:
             for size in layout.plan.capture_sizes
         }
         # Sources may be views of the slab itself; each is read before any buffer it lies in is written.
-        self._slab = slab.numpy() if not self.staged else None  # in place: host sources
+        self._slab = slab.numpy() if not self.uploads else None  # in place: host sources
         self._slab_storage = slab.untyped_storage().data_ptr()  # staged: device sources
         self._events: list[Any] = [None] * len(self._targets)
-        # Staged, with the native packer: one arena per staging copy (behind the same event), holding
+        # Staged, with the native packer: one arena per upload copy (behind the same event), holding
         # the refresh's writes as slab word indices and words for one upload and one indexed write.
-        self._packer = packer if self.staged else None
+        self._packer = packer if self.uploads else None
         # Per slot, how its rectangles pack as 4-byte words: (word start, words per column, row stride in
         # words), or None for elements narrower than 4 bytes or a buffer not 4-byte aligned.
         self._words_of = [
@@ -156,12 +156,12 @@ class Committer:
 
     @property
     def depth(self) -> int:
-        """Host staging copies (1 when writing a cpu slab in place)."""
+        """Host upload copies (1 when writing a cpu slab in place)."""
         return len(self._targets)
 
     @property
     def turn(self) -> int:
-        """The staging copy the next refresh assembles in."""
+        """The upload copy the next refresh assembles in."""
         return self._turn
 
     @property
@@ -190,14 +190,14 @@ class Committer:
     def write(self, prepared: Sequence[Prepared], size: int, staged: tuple[Any, ...] | None = None) -> int:
         """Write every validated source at capture size ``size``. Validation is over: this never raises on
         a source. ``staged``: (cores, n, bases) of a checked native staged commit, packed into the same
-        upload (staging copies with the packer); returns its bytes, or -1 when it could not be packed (the
+        upload (upload copies with the packer); returns its bytes, or -1 when it could not be packed (the
         caller commits it then)."""
         k = self._turn
         if self._events[k] is not None:
-            self._events[k].synchronize()  # the upload that last read this staging copy has finished
+            self._events[k].synchronize()  # the upload that last read this upload copy has finished
         targets = self._targets[k]
         split = self._split(prepared, size) if self._packer is not None else None
-        touched = self._rectangles(prepared, size) if self.staged and split is None else None
+        touched = self._rectangles(prepared, size) if self.uploads and split is None else None
         kernel = self.layout.kernel
         moved = None
         if kernel is not None:
@@ -306,7 +306,7 @@ class Committer:
         return -1 if unread else 4 * (total - rect_words) if staged is not None else 0
 
     def _arena(self, k: int, words: int) -> _Arena:
-        """Word arena ``k`` (the upload of staging copy ``k`` reads it, behind its event), with room for
+        """Word arena ``k`` (the upload of upload copy ``k`` reads it, behind its event), with room for
         ``words``."""
         arena = self._arenas[k]
         if arena is None or arena.cap < words:
@@ -318,7 +318,7 @@ class Committer:
 
     def _copy(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> int:
         """Each rectangle of ``touched`` uploaded on its own, then each device-resident source's live cells
-        and repeated rows; the event that fences staging copy ``k``."""
+        and repeated rows; the event that fences upload copy ``k``."""
         staged = self._stage_t[k]
         for (slot, _, dev, n, w), end, r, c in touched:
             dst, src = self._full[slot.index], staged[slot.index]
@@ -334,7 +334,7 @@ class Committer:
         return 0
 
     def _fence(self, k: int) -> None:
-        """The event that fences staging copy ``k`` (none on a cpu slab: its uploads are done when they
+        """The event that fences upload copy ``k`` (none on a cpu slab: its uploads are done when they
         return); the next refresh assembles in the next copy."""
         if self._pin:
             event = getattr(torch, self.device.type).Event()

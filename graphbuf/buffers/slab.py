@@ -9,6 +9,7 @@ Invariants:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -68,10 +69,12 @@ class StaticBuffers:
         strict: also check value bounds (``min``/``max``) and NaN of device-resident sources, which costs a
             device sync. Host sources are always checked.
         max_bytes: the slab limit (default: the spec's ``limits.max_bytes``).
-        staging: host staging copies uploads are assembled in; must be at least the number of refreshes in
-            flight (issued, their uploads not finished). Default 2 on an accelerator; on the cpu None writes
-            the slab in place, and N stages through N copies as an accelerator would. Uploads run as
-            non-blocking copies on the device's current stream.
+        upload_copies: host copies of the slab each refresh's upload is assembled in, used in turn; must be
+            at least the number of refreshes in flight (issued, their uploads not finished). Default 2 on an
+            accelerator; on the cpu None writes the slab in place, and N uploads through N copies as an
+            accelerator would. Uploads run as non-blocking copies on the device's current stream. (Not the
+            staged writes of :meth:`stage`.)
+        staging: the former name of ``upload_copies`` (deprecated).
     """
 
     def __init__(
@@ -83,15 +86,11 @@ class StaticBuffers:
         poison: bool = False,
         strict: bool = False,
         max_bytes: int | None = None,
+        upload_copies: int | None = None,
         staging: int | None = None,
     ) -> None:
         self.device = resolve_device(device, f"StaticBuffers(device={device!r})")
-        if staging is None and self.device.type != "cpu":
-            staging = 2
-        if staging is not None and (count_of(staging) is None or staging < 1):
-            raise UsageError(
-                f"StaticBuffers(staging={staging!r}): allowed: an integer >= 1, or None on the cpu"
-            )
+        copies = _upload_copies(upload_copies, staging, self.device)
         self.plan: Plan = (
             spec if isinstance(spec, Plan) else plan(spec, overrides=overrides, max_bytes=max_bytes)
         )
@@ -128,7 +127,7 @@ class StaticBuffers:
         self.layout = Layout(self.plan, native.KERNEL)
         self._labels = {s: where("refresh", s) for s in self.plan.capture_sizes}  # not formatted per call
         self._commit = Committer(
-            self.layout, self.slab, full, staging=staging, dirty=poison, packer=native.STAGED
+            self.layout, self.slab, full, copies=copies, dirty=poison, packer=native.STAGED
         )
         self._guard = Exclusive(
             "{call}: another thread is using these StaticBuffers (or BoundSources bound to them); use one "
@@ -157,9 +156,15 @@ class StaticBuffers:
         return self._commit.stats
 
     @property
+    def upload_copies(self) -> int | None:
+        """Host copies uploads are assembled in (None: a cpu slab written in place)."""
+        return self._commit.depth if self._commit.uploads else None
+
+    @property
     def staging(self) -> int | None:
-        """Host staging copies (None: a cpu slab written in place)."""
-        return self._commit.depth if self._commit.staged else None
+        """The former name of :attr:`upload_copies` (deprecated)."""
+        warnings.warn("StaticBuffers.staging is now upload_copies", DeprecationWarning, stacklevel=2)
+        return self.upload_copies
 
     def view(self, size: int) -> Mapping[str, torch.Tensor]:
         """Name → the rows a graph of ``size`` tokens captures, as views into the slab."""
@@ -342,3 +347,19 @@ class StaticBuffers:
             f"StaticBuffers({self.plan.spec.name!r}, device={str(self.device)!r}, "
             f"buffers={len(self.names)}, bytes={self.plan.total_bytes})"
         )
+
+
+def _upload_copies(copies: Any, staging: Any, device: torch.device) -> int | None:
+    """``upload_copies=`` checked (``staging=``, its former name, still accepted with a warning); the
+    default is 2 on an accelerator, None (in place) on the cpu."""
+    name = "upload_copies"
+    if staging is not None:
+        if copies is not None:
+            raise UsageError("StaticBuffers: pass upload_copies= only (staging= is its former name)")
+        warnings.warn("StaticBuffers(staging=) is now upload_copies=", DeprecationWarning, stacklevel=3)
+        copies, name = staging, "staging"
+    if copies is None:
+        return 2 if device.type != "cpu" else None
+    if count_of(copies) is None or copies < 1:
+        raise UsageError(f"StaticBuffers({name}={copies!r}): allowed: an integer >= 1, or None on the cpu")
+    return copies  # type: ignore[no-any-return]

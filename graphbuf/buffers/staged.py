@@ -21,11 +21,12 @@ Rejected commits. Staged values are checked when a refresh commits them, every c
 refresh that raises changes no byte of the buffers, and its staged writes stay staged (the host state keeps
 them); stage new values over the rejected cells and refresh again.
 
-Uploads. On a cpu slab written in place the cells are copied from the host states into the slab. Staged
-(every accelerator; a cpu slab with ``staging=N``) the cells of all staged buffers of a refresh are packed
-into one host arena (element indices, then values), uploaded in one non-blocking copy and scattered with
-one indexed write per element size (1, 2, 4 or 8 bytes), not one per buffer. The ``depth`` arenas take
-turns behind an event, as the staging copies of a full refresh do.
+Uploads. On a cpu slab written in place the cells are copied from the host states into the slab. Uploaded
+(every accelerator; a cpu slab with ``upload_copies=N``) the cells of all staged buffers of a refresh go
+into the refresh's one packed upload (native host state), or into one host arena (element indices, then
+values) uploaded in one non-blocking copy and scattered with one indexed write per element size (1, 2, 4
+or 8 bytes), not one per buffer (Python host state). The ``depth`` arenas take turns behind an event, as
+the upload copies of a full refresh do.
 
 Two host states, one behaviour. The host state's kind is chosen once, when the buffers are built: with the
 native kernel (``graphbuf/buffers/_staged.c``, :data:`graphbuf.buffers.native.STAGED`) a host state, its
@@ -522,7 +523,7 @@ class StagingArea:
         self.names: frozenset[str] = frozenset()
         #: The buffers a refresh must be given: the required ones not staged.
         self.required: frozenset[str] = layout.required
-        self._staged = committer.staged
+        self._staged = committer.uploads
         self._targets: dict[str, np.ndarray] = {}  # in place: flat numpy views of the slab
         # Staged: per element size a view of the whole slab, and a ring of host arenas behind events.
         self._slab_of: dict[int, torch.Tensor] = {}

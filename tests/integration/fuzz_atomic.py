@@ -3,9 +3,10 @@
 Twin slabs of one spec take the same sequence of refreshes: one through the native kernel (when built), one
 through the numpy path (``native.KERNEL = None``). Sources come as a mapping (numpy arrays, torch tensors,
 lists) or bound once (numpy or torch, refreshed by request count and widths); slabs are written in place or
-staged (``staging=2``); some slabs start poisoned. About a third of the refreshes carry one fault that must
-be rejected (a value past ``min``/``max``, a NaN, a width past a ``reject`` allocation, a float into an
-integer buffer, an unknown name, a live count past the size). After every call, over the WHOLE slab:
+through upload copies (``upload_copies=2``); some slabs start poisoned. About a third of the refreshes carry
+one fault that must be rejected (a value past ``min``/``max``, a NaN, a width past a ``reject`` allocation, a
+float into an integer buffer, an unknown name, a live count past the size). After every call, over the WHOLE
+slab:
 
 * a rejected refresh changed no byte, on either twin, and both twins raised the same error;
 * an accepted one left every buffer equal to the oracle (:func:`slab_oracle.expected_buffer`: live cells,
@@ -128,7 +129,7 @@ class Twins:
         self.spec = GraphSpec.model_validate(copy.deepcopy(spec))
         self.mode = mode
         self.rng = rng
-        self.kern, self.nump = twins(self.spec, poison=mode.poison, staging=mode.staging)
+        self.kern, self.nump = twins(self.spec, poison=mode.poison, upload_copies=mode.staging)
         self.plan: Plan = self.kern.plan
         self.tpr = self.plan.tokens_per_request
         self.sizes = self.plan.capture_sizes

@@ -53,7 +53,7 @@ def twins(staging: int | None) -> tuple[StaticBuffers, StaticBuffers]:
     try:
         for kernel in (saved, None):
             native.STAGED = kernel
-            b = StaticBuffers(SPEC, overrides={"num_blocks": 64}, staging=staging)
+            b = StaticBuffers(SPEC, overrides={"num_blocks": 64}, upload_copies=staging)
             for name in STAGED:
                 b.stage(name)
             out.append(b)
@@ -254,7 +254,7 @@ def threaded(b: StaticBuffers, rng: np.random.Generator, count: int, label: str)
     # Both start from one host state: every buffer given whole (lengths: the full width of live rows).
     src = {name: b.full[name][: 17 if name == QSL else 64 if name.startswith("slot") else 16].numpy().copy()
            for name in b.names}  # fmt: skip
-    replay = StaticBuffers(SPEC, overrides={"num_blocks": 64}, staging=b.staging)
+    replay = StaticBuffers(SPEC, overrides={"num_blocks": 64}, upload_copies=b.upload_copies)
     for name in STAGED:
         replay.stage(name)
     for buf in (b, replay):

@@ -37,7 +37,7 @@ W4 = {"block_table.a": 4, "block_table.b": 4}  # live widths within the captured
 
 def _buffers(spec: Mapping, staged: bool = False) -> StaticBuffers:
     # staged: the accelerator path (two staging copies, uploads of the touched rectangles) on a cpu slab
-    return StaticBuffers(GraphSpec.model_validate(spec), poison=True, staging=2 if staged else None)
+    return StaticBuffers(GraphSpec.model_validate(spec), poison=True, upload_copies=2 if staged else None)
 
 
 def _persistent(rng: np.random.Generator) -> dict[str, np.ndarray]:

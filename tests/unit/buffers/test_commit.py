@@ -23,7 +23,7 @@ def test_two_d_repeat_last_and_stale_rows_equal_the_oracle(kind: str, staging: i
     all ``c`` columns, down to the rows captured at the size) and :75 (``t[top:rows, :c] = slot.pad``: rows
     an earlier, larger refresh dirtied go back to the pad). Mutants of either (row/column bounds off by one,
     the pad or the repeated row replaced, the ``end > n`` test flipped) change a byte the oracle checks."""
-    sb = buffers(REPEAT_2D, sizes=[2, 4, 8], staging=staging)
+    sb = buffers(REPEAT_2D, sizes=[2, 4, 8], upload_copies=staging)
     rng = np.random.default_rng(3)
     with path(kind, sb):
         for size, n, w in ((8, 7, 3), (8, 2, 2), (4, 3, 1), (8, 1, 3), (2, 0, 0), (8, 5, 2), (8, 8, 3)):
@@ -47,7 +47,7 @@ def test_one_d_repeat_last_and_stale_rows_equal_the_oracle(kind: str, staging: i
     sb = buffers(
         {"qsl": {"dtype": "int64", "rows": "requests + 1", "pad": "repeat_last"},
          "lens": {"dtype": "int16", "rows": "requests", "pad": -2}},
-        sizes=[2, 4, 8], staging=staging,
+        sizes=[2, 4, 8], upload_copies=staging,
     )  # fmt: skip
     rng = np.random.default_rng(5)
     with path(kind, sb):
@@ -70,7 +70,7 @@ def test_a_zero_wide_source_moves_no_bytes_of_its_buffer(kind: str, staging: int
     so a refresh moves 0 bytes (mutant ``else 1``: it would count, and pad, one column per row). Then a
     3-wide refresh moves its rectangle, and a 0-wide one after it clears that rectangle (counted)."""
     sb = buffers(
-        {"bt": {"dtype": "int32", "rows": "requests", "cols": 4, "pad": 0}}, sizes=[4], staging=staging
+        {"bt": {"dtype": "int32", "rows": "requests", "cols": 4, "pad": 0}}, sizes=[4], upload_copies=staging
     )
     with path(kind, sb):
         sb.refresh(4, {"bt": np.zeros((3, 0), dtype=np.int32)})
@@ -105,9 +105,9 @@ def test_a_source_viewing_another_buffer_is_read_before_that_buffer_is_written(k
 def test_staging_copies_are_used_in_turn() -> None:
     """``Committer._upload`` (mutmut ``xǁCommitterǁ_upload__mutmut_47``: ``(k + 2) % depth``): each staged
     refresh assembles in the next staging copy, round robin."""
-    sb = buffers({"x": {"dtype": "int32", "rows": "requests"}}, sizes=[4], staging=3)
+    sb = buffers({"x": {"dtype": "int32", "rows": "requests"}}, sizes=[4], upload_copies=3)
     commit = sb._commit  # the committer's own turn counter: nothing else shows it on the cpu
-    assert commit.depth == 3 and sb.staging == 3
+    assert commit.depth == 3 and sb.upload_copies == 3
     turns = []
     for n in (1, 2, 3, 4):
         sb.refresh(4, {"x": np.arange(n, dtype=np.int32)})

@@ -230,7 +230,7 @@ def test_kernel_and_numpy_refreshes_leave_the_same_bytes_stats_and_errors(
     p = graphbuf.plan(GraphSpec.model_validate(widen_bounds(data.draw, doc)))
     poison = data.draw(st.booleans(), label="poison")
     staging = data.draw(st.sampled_from((None, 2)), label="staging")
-    nat, ref = twins(p, poison=poison, staging=staging)
+    nat, ref = twins(p, poison=poison, upload_copies=staging)
     arrays = data.draw(persistent(nat), label="bound arrays")
     bindable = nat.layout.required.issubset(arrays)
     bound = {id(nat): nat.bind(arrays), id(ref): ref.bind(arrays)} if bindable else {}
@@ -887,7 +887,7 @@ def test_staged_empty_refresh_of_a_repeat_last_buffer(staging: int | None, path:
         "buffers": {"x": {"dtype": "int32", "rows": "requests", "pad": "repeat_last"}},
     })  # fmt: skip
     with nullcontext() if path == "kernel" else numpy_path():
-        sb = StaticBuffers(spec, staging=staging)
+        sb = StaticBuffers(spec, upload_copies=staging)
         assert sb.refresh(4, {"x": np.array([5, 6], np.int32)}) == 2
         assert sb.view(4)["x"].tolist() == [5, 6, 6, 6]
         for _ in range(2):  # the second lands in the staging copy the first refresh used
@@ -945,7 +945,7 @@ def test_large_refreshes_through_static_buffers(staging: int | None) -> None:
         "capture": {"tokens_per_request": 1, "sizes": [512, big]},
         "buffers": {"big": {"dtype": "int32", "rows": "requests", "cols": "width", "pad": -1, "min": -1}},
     })  # fmt: skip
-    nat, ref = twins(spec, staging=staging)
+    nat, ref = twins(spec, upload_copies=staging)
     rng = np.random.default_rng(9)
     persistent_src = rng.integers(0, 1 << 30, size=(big + 6, 1100)).astype(np.int32)
     bound = {id(nat): nat.bind({"big": persistent_src}), id(ref): ref.bind({"big": persistent_src})}
@@ -1121,7 +1121,7 @@ def test_a_source_inside_another_buffer_is_read_before_that_buffer_is_written(
     """``b`` from rows of ``a``, which the same refresh pads: ``b`` gets the values that were checked
     (2, 3), not ``a``'s pad (100, above ``b``'s max) written a moment earlier."""
     with nullcontext() if path == "kernel" else numpy_path():
-        sb = StaticBuffers(ALIAS_SPEC, staging=staging)
+        sb = StaticBuffers(ALIAS_SPEC, upload_copies=staging)
         sb.refresh(8, {"a": np.arange(8, dtype=np.int32) % 5, "b": np.zeros(8, np.int32)})
         assert sb.refresh(4, {"a": np.array([1, 1], np.int32), "b": sb.full["a"][2:4]}) == 2
         assert sb.view(4)["a"].tolist() == [1, 1, 100, 100]

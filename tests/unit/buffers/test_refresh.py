@@ -764,8 +764,8 @@ def test_staged_upload_path_cycles_staging_copies_and_uploads_live_rectangles(
     slab takes exactly this path with pinned staging and device events. With the native packer every touched
     rectangle goes into one packed arena placed by one indexed write (on a device after its one upload; on
     the cpu the arena is read in place); without it, one upload per touched buffer rectangle."""
-    sb = StaticBuffers(GraphSpec.model_validate(spec_mapping()), poison=True, staging=depth)
-    assert sb.staging == depth
+    sb = StaticBuffers(GraphSpec.model_validate(spec_mapping()), poison=True, upload_copies=depth)
+    assert sb.upload_copies == depth
     for n in (4, 1, 3, 0, 2, 4, 1):
         sources = _arrays(n)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

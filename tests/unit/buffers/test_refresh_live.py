@@ -26,6 +26,7 @@ from graphbuf import (
     RowsError,
     StaticBuffers,
     UnknownDeviceError,
+    UsageError,
     WidthError,
 )
 
@@ -82,7 +83,7 @@ def _expected(sb: StaticBuffers, size: int, src: Sources) -> dict[str, np.ndarra
 def test_random_sequence_of_sizes_rows_and_widths_equals_hand_built_contents(
     spec_mapping: Callable[[], dict[str, Any]], staging: int | None
 ) -> None:
-    sb = StaticBuffers(_spec(spec_mapping), poison=True, staging=staging)
+    sb = StaticBuffers(_spec(spec_mapping), poison=True, upload_copies=staging)
     rng = np.random.default_rng(3)
     for _ in range(60):
         size = int(rng.choice(sb.capture_sizes))
@@ -157,8 +158,8 @@ def _live_bytes(sb: StaticBuffers, size: int, src: Sources) -> int:
 def test_stats_count_only_live_and_cleared_bytes_whatever_the_capacity(
     spec_mapping: Callable[[], dict[str, Any]], staging: int | None
 ) -> None:
-    small = StaticBuffers(_spec(spec_mapping, 64), staging=staging)
-    huge = StaticBuffers(_spec(spec_mapping, 64 * 4096), staging=staging)  # 16384-column block tables
+    small = StaticBuffers(_spec(spec_mapping, 64), upload_copies=staging)
+    huge = StaticBuffers(_spec(spec_mapping, 64 * 4096), upload_copies=staging)  # 16384-column block tables
     assert huge.plan.total_bytes > 100 * small.plan.total_bytes
     for sb in (small, huge):
         assert sb.stats == graphbuf.buffers.RefreshStats(0, 0, 0)
@@ -554,9 +555,22 @@ def test_a_device_this_machine_lacks_is_device_unavailable(
 
 def test_staging_depth_is_checked(spec_mapping: Callable[[], dict[str, Any]]) -> None:
     for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match="staging="):
-            StaticBuffers(_spec(spec_mapping), staging=bad)
-    assert StaticBuffers(_spec(spec_mapping)).staging is None
+        with pytest.raises(ValueError, match="upload_copies="):
+            StaticBuffers(_spec(spec_mapping), upload_copies=bad)
+    assert StaticBuffers(_spec(spec_mapping)).upload_copies is None
+
+
+def test_staging_is_the_former_name_of_upload_copies(spec_mapping: Callable[[], dict[str, Any]]) -> None:
+    """``staging=`` (upload copies, not the staged writes of ``stage()``) still works, with a warning."""
+    with pytest.warns(DeprecationWarning, match="upload_copies="):
+        sb = StaticBuffers(_spec(spec_mapping), staging=3)
+    assert sb.upload_copies == 3
+    with pytest.warns(DeprecationWarning, match="upload_copies"):
+        assert sb.staging == 3
+    with pytest.raises(UsageError, match=r"StaticBuffers\(staging=0\): allowed: an integer >= 1"):
+        StaticBuffers(_spec(spec_mapping), staging=0)
+    with pytest.raises(UsageError, match="pass upload_copies= only"):
+        StaticBuffers(_spec(spec_mapping), upload_copies=2, staging=2)
 
 
 def _unused(_: Mapping) -> None:  # keep Mapping imported for annotations above

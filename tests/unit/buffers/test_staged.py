@@ -16,7 +16,7 @@ W = 43  # cdiv(5500, 128)
 
 
 def _buffers(staging: int | None = None, **kw) -> StaticBuffers:
-    return StaticBuffers(SPEC, overrides={"num_blocks": 64}, staging=staging, **kw)
+    return StaticBuffers(SPEC, overrides={"num_blocks": 64}, upload_copies=staging, **kw)
 
 
 def _rest(n: int, *, slots: bool = True) -> dict[str, np.ndarray]:
@@ -366,7 +366,7 @@ def test_a_packed_upload_larger_than_its_arena_grows_it_and_writes_every_cell(ho
     mid = rng.integers(0, 1 << 40, (4, 1030))  # rows of 2060 words: runs of the image, 32 KiB in all
     got = []
     for staging in (None, 2):
-        b = StaticBuffers(spec, staging=staging)
+        b = StaticBuffers(spec, upload_copies=staging)
         h = b.stage("bt")
         for r in range(8):
             h.set_row(r, rows[r])

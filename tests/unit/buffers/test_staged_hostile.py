@@ -38,8 +38,8 @@ def kind(request: pytest.FixtureRequest) -> Iterator[str]:
         native.STAGED = saved
 
 
-def _buffers(staging: int | None = None) -> StaticBuffers:
-    return StaticBuffers(SPEC, overrides={"num_blocks": 64}, staging=staging)
+def _buffers(copies: int | None = None) -> StaticBuffers:
+    return StaticBuffers(SPEC, overrides={"num_blocks": 64}, upload_copies=copies)
 
 
 def _qsl(n: int) -> dict[str, np.ndarray]:
@@ -220,9 +220,9 @@ def test_stage_of_an_unhashable_name_is_a_typed_error(kind: str) -> None:
 
 
 def test_staging_zero_is_a_typed_usage_error() -> None:
-    """Finding: StaticBuffers(..., staging=0) raised a bare ValueError."""
-    with pytest.raises(UsageError, match=r"staging=0\): allowed: an integer >= 1") as info:
-        _buffers(staging=0)
+    """Finding: StaticBuffers(..., upload_copies=0) raised a bare ValueError."""
+    with pytest.raises(UsageError, match=r"upload_copies=0\): allowed: an integer >= 1") as info:
+        _buffers(0)
     assert isinstance(info.value, GraphbufError)
 
 

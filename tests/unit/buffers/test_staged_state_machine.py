@@ -38,9 +38,9 @@ class StagedVsFull(RuleBasedStateMachine):
         self._saved = native.KERNEL, native.STAGED
         native.KERNEL, native.STAGED = self.kernel, self.staged
         # staged writes (on self.device), full refreshes (on the cpu)
-        self.a = StaticBuffers(SPEC, overrides=OVERRIDES, staging=self.staging, device=self.device)
+        self.a = StaticBuffers(SPEC, overrides=OVERRIDES, upload_copies=self.staging, device=self.device)
         cpu_staging = self.staging if self.device == "cpu" else None
-        self.b = StaticBuffers(SPEC, overrides=OVERRIDES, staging=cpu_staging)
+        self.b = StaticBuffers(SPEC, overrides=OVERRIDES, upload_copies=cpu_staging)
         self.batch = DecodeBatch(self.a, **NAMES)
         self.stageable = [n for n in self.a.names if n != "query_start_loc"]
         self.steps = 0
