@@ -95,12 +95,13 @@ PLANTED = Scenario(
 @pytest.mark.parametrize(
     "fault", ["scale", "stale_seq_len", "pad_not_cleared", "short_block_table", "draft_group0_table"]
 )
-def test_planted_bug_fails_the_bf16_drill_with_a_shrunk_replayable_scenario(
-    fault: str, tmp_path: Path
-) -> None:
+def test_planted_bug_fails_the_bf16_drill_with_a_shrunk_saved_scenario(fault: str, tmp_path: Path) -> None:
+    """Which layer sees it: layer 2 a stale length, a padded row not cleared, a short block table; layer 3 the
+    scale; the drafter check the draft layers bound to group 0's table. Replaying a saved file: the CLI
+    test."""
     saved = tmp_path / "failure.json"
     report = run_model_drill(
-        dtypes=("bfloat16",), faults=(fault,), scenario=PLANTED, save=saved, shrink_budget=2
+        dtypes=("bfloat16",), faults=(fault,), scenario=PLANTED, save=saved, shrink_budget=1
     )
     assert not report.ok and report.failure is not None, report.render()
     doc = load_model_batch(saved)
@@ -109,13 +110,11 @@ def test_planted_bug_fails_the_bf16_drill_with_a_shrunk_replayable_scenario(
     tokens = sum(r.max_new for r in small.requests)
     assert report.failure["requests"] == len(small.requests) and report.failure["tokens"] == tokens
     assert (len(small.requests), tokens) < (3, 20) or report.shrink_serves > 0  # shrunk, or tried to
-    replayed = run_model_drill(replay=saved)  # the saved scenario fails again, alone
-    assert not replayed.ok and replayed.runs[0].requests == len(small.requests)
 
 
 def test_cli_replays_a_saved_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     saved = tmp_path / "stale.json"
-    alone = Scenario((PLANTED.requests[2],))
+    alone = Scenario((Request(tuple(range(100, 112)), 0, 4),))
     run_model_drill(
         dtypes=("float32",), faults=("stale_seq_len",), scenario=alone, save=saved, shrink_budget=0
     )
