@@ -29,12 +29,6 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out, err
 
 
-def _usage_exit(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int | str | None, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    return info.value.code, capsys.readouterr().err
-
-
 def test_plan_text_mentions_every_buffer(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(capsys, "plan", GEMMA)
     assert (code, err) == (0, "")
@@ -332,23 +326,37 @@ print(json.dumps(out))
 """
 
 
-def test_every_out_of_range_argument_and_missing_file_is_a_usage_error_before_torch(tmp_path: Path) -> None:
-    """Each refusal exits 2 labelled `usage error` (as the README's Commands section files them), in a fresh
-    interpreter that has not imported torch when it refuses (the drill's refusals included)."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert "`graphbuf: usage error:` (an argument out of range, a missing file" in readme
-    argvs = [[a.replace("{d}", str(tmp_path)) for a in argv] for argv, _ in OUT_OF_RANGE] + ARGPARSE_REFUSALS
+REFUSALS = [(argv, fragment) for argv, fragment in OUT_OF_RANGE] + [(argv, "") for argv in ARGPARSE_REFUSALS]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[Any]]]:
+    """Every refusal run once, in order, in one fresh interpreter: (scratch dir, [code, stderr, torch
+    imported] per row of REFUSALS)."""
+    scratch = tmp_path_factory.mktemp("refusals")
+    argvs = [[a.replace("{d}", str(scratch)) for a in argv] for argv, _ in REFUSALS]
     env = {**os.environ, "GRAPHBUF_DRILL_REPLAYS": ""}
     probe = [sys.executable, "-c", _PROBE, json.dumps(argvs)]
     proc = subprocess.run(probe, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
-    results = json.loads(proc.stdout)
-    fragments = [f.replace("{d}", str(tmp_path)) for _, f in OUT_OF_RANGE] + [""] * len(ARGPARSE_REFUSALS)
-    for argv, fragment, (code, err, torch_loaded) in zip(argvs, fragments, results):
-        assert code == 2, (argv, err)
-        assert "graphbuf: usage error: " in err and fragment in err, (argv, err)
-        assert "Traceback" not in err and "spec error" not in err, (argv, err)
-        assert not torch_loaded, f"{argv}: torch was imported before the refusal"
+    return scratch, json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("row", range(len(REFUSALS)), ids=[" ".join(argv) for argv, _ in REFUSALS])
+def test_an_out_of_range_argument_or_missing_file_is_a_usage_error_before_torch(
+    refusals: tuple[Path, list[list[Any]]], row: int
+) -> None:
+    """Each refusal exits 2 labelled `usage error` (as the README's Commands section files them), and the
+    interpreter has not imported torch when it refuses (the drill's refusals included)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "`graphbuf: usage error:` (an argument out of range, a missing file" in readme
+    scratch, results = refusals
+    argv, fragment = REFUSALS[row]
+    code, err, torch_loaded = results[row]
+    assert code == 2, (argv, err)
+    assert "graphbuf: usage error: " in err and fragment.replace("{d}", str(scratch)) in err, (argv, err)
+    assert "Traceback" not in err and "spec error" not in err, (argv, err)
+    assert not torch_loaded, f"{argv}: torch was imported before the refusal"
 
 
 def test_a_missing_model_extra_hints_the_pinned_extra_install(
