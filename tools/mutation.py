@@ -13,8 +13,9 @@ are collected once). Mutants listed in ``tests/mutation/EQUIVALENT.md`` (equival
 apart) and the device-only functions of :data:`DEVICE_ONLY` (reached only with a cuda/npu device) are left
 out of the score and counted apart. Prints one line per module and writes ``build/mutation/report.json``
 (``--report``);
-``--survivors`` prints each surviving mutant's diff. Needs ``pip install -e '.[mutation]'``. Not part of
-``.ci/run`` (minutes per module); run before a release or after changing a core module.
+``--survivors`` prints each surviving mutant's diff. Needs ``.venv/bin/pip install -c constraints.txt -e
+'.[mutation]'``. Not part of ``.ci/run`` (minutes per module); run before a release or after changing a core
+module.
 """
 
 from __future__ import annotations

@@ -161,5 +161,17 @@ def test_the_mutation_section_names_the_modules_the_tool_mutates() -> None:
             assert path == f"graphbuf/buffers/{module}.py" and f"`{module}`" in section, key
 
 
+
+def test_every_install_command_outside_the_npu_section_is_pinned() -> None:
+    """Issue 33 §1: an install the README (before the adapter's NPU section) or tools/mutation.py tells a
+    user to run keeps torch at the constraints' build."""
+    text = README.split("\n## The vllm-ascend adapter", 1)[0].replace("\n", " ")
+    text += (ROOT / "tools" / "mutation.py").read_text(encoding="utf-8").replace("\n", " ")
+    commands = [m.group(1) for m in re.finditer(r"pip install ([^`]+)`", text)]
+    assert len(commands) >= 5, commands
+    for args in commands:
+        assert "-c constraints.txt" in args, args
+
+
 if __name__ == "__main__":
     regenerate()
