@@ -191,7 +191,8 @@ CASES: list[Bad] = [
     # A device this machine lacks: a usage error (exit 2) naming the device, not a traceback.
     C("cli-drill-cuda-absent", DeviceUnavailableError, "cuda", 2, "drill {spec} --device cuda --replays 1", _CUDA),
     C("cli-drill-npu-absent", DeviceUnavailableError, "npu", 2, "drill {spec} --device npu --replays 1", _NPU),
-    C("cli-missing-spec-argument", SystemExit, "the following arguments are required: spec", 2, "check"),
+    C("cli-missing-spec-argument", SystemExit, "the following arguments are required: spec", 2, "plan"),
+    C("cli-check-without-spec-or-vllm", UsageError, "check: give a spec, or a vLLM configuration", 2, "check"),
     C("cli-unknown-command", SystemExit, "invalid choice: 'compile'", 2, "compile {spec}"),
     C("cli-unknown-option", SystemExit, "unrecognized arguments: --jsn", 2, "plan {spec} --jsn"),
     # ---------------------------------------------------------------------------------- refresh sources
