@@ -43,7 +43,8 @@ Per replay accounting (both mechanisms): :meth:`RoutedDecodes.expect` is called 
 size holding graphbuf tasks, :meth:`RoutedDecodes.ran_in_python` when that step's forward ran (capture or
 eager: no replay), :meth:`RoutedDecodes.saw_update` for every update delivered. A step that expected a
 replay and saw no update raises ``UpstreamError`` naming the mechanism and the layers at the next
-:meth:`RoutedDecodes.expect` or :meth:`RoutedDecodes.verify`, instead of waiting on an event nobody records.
+:meth:`RoutedDecodes.expect` (once ``budget`` planned steps wait: 1, or ``1 + k`` for a drafter that builds
+its k steps before one replay), instead of waiting on an event nobody records.
 Two threads updating one group's tasks at once get ``ConcurrentUseError``.
 """
 
@@ -164,7 +165,7 @@ class RoutedDecodes:
         self._watches: dict[int, Watch] = {}
         self._stream: Any = None
         self._busy = threading.Lock()
-        self._expected: tuple[int, str] | None = None  # (size, mechanism) of a planned replay
+        self._pending: list[tuple[int, str]] = []  # (size, mechanism) of planned replays not yet updated
         self._seen = 0
         self._recorded_step = 0
 
@@ -181,32 +182,36 @@ class RoutedDecodes:
         finally:
             self._busy.release()
 
-    def expect(self, size: int, mechanism: str) -> None:
-        """A step was planned at ``size``: :meth:`verify` the previous one, then expect an update for this
-        one if ``size`` holds graphbuf tasks (a replay runs them)."""
-        self.verify()
-        self._expected = (size, mechanism) if self.tasks(size) else None
+    def expect(self, size: int, mechanism: str, budget: int = 1) -> None:
+        """A step was planned at ``size``; a replay will run its tasks if ``size`` holds any. :meth:`verify`
+        first: ``budget`` planned steps may wait for one update (1; ``1 + k`` where a drafter builds each of
+        its k steps before one replay and one update), one more raises."""
+        self.verify(budget)
+        if self.tasks(size):
+            self._pending.append((size, mechanism))
         self._seen = 0
 
     def ran_in_python(self) -> None:
         """The planned step's forward ran (capture or eager): no replay, nothing to update."""
-        self._expected = None
+        if self._pending:
+            self._pending.pop()
 
     def saw_update(self, count: int = 1) -> None:
-        """``count`` updates of the planned step's tasks were delivered."""
+        """``count`` updates were delivered: every planned step waiting for one has it."""
         self._seen += count
+        self._pending.clear()
 
     @property
     def updates_seen(self) -> int:
-        """Updates delivered for the step planned last."""
+        """Updates delivered since the step planned last."""
         return self._seen
 
-    def verify(self) -> None:
-        """UpstreamError when the step planned last replayed graphbuf tasks and saw no update."""
-        expected, self._expected = self._expected, None
-        if expected is None or self._seen:
+    def verify(self, budget: int = 1) -> None:
+        """UpstreamError when ``budget`` planned steps that replay graphbuf tasks saw no update."""
+        if len(self._pending) < budget:
             return
-        size, mechanism = expected
+        pending, self._pending = self._pending, []
+        size, mechanism = pending[0]
         labels = "; ".join(t.label for t in self.tasks(size))
         hook = {
             "update_graph_params": "AscendAttentionBackendImpl.update_graph_params (graphbuf's wrapper) was "
@@ -215,9 +220,9 @@ class RoutedDecodes:
             "(is the wrapper's attn_backend set, so use_updatable_graph holds?)",
         }.get(mechanism, "no update arrived")
         raise upstream.UpstreamError(
-            f"routed decode at capture size {size}: the last replay ran graphbuf's tasks ({labels}) but saw "
-            f"0 task updates under the {mechanism} mechanism: {hook}. On a device that replay waits forever "
-            "on the tasks' ExternalEvent (or replays stale KV lengths); graphbuf stops here instead"
+            f"routed decode at capture size {size}: {len(pending)} replay(s) ran graphbuf's tasks ({labels}) "
+            f"but saw 0 task updates under the {mechanism} mechanism: {hook}. On a device that replay waits "
+            "forever on the tasks' ExternalEvent (or replays stale KV lengths); graphbuf stops here instead"
         )
 
     def tasks(self, size: int) -> tuple[DecodeTask, ...]:

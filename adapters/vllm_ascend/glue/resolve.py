@@ -255,6 +255,9 @@ class GroupBuffers:
         """Capture sizes whose capture fell back to upstream's path, with the reason; never routed again."""
         self.layers: tuple[str, ...] = ()
         """The KV group's layer names (its builder's ``layer_names``)."""
+        self.steps_per_update = 1
+        """Planned steps that may share one replay and one update: ``1 + num_speculative_tokens`` (a drafter
+        builds each draft step's metadata before the draft graph's one replay)."""
         self._steps = itertools.count(1)
         self._applied = 0
 
@@ -356,6 +359,7 @@ def group_buffers(
             buffers = GroupBuffers(spec, overrides, where if where is not None else "cpu", modes)
             buffers.check_capacity(overrides.get("max_num_seqs"), overrides.get("max_num_batched_tokens"))
             buffers.not_routed = tuple(not_routed)
+            buffers.steps_per_update = 1 + _speculative_tokens(read(builder, "vllm_config", _BUILDER))
             if _provides():  # the UpdatableGraph providers find the group's metadata by these names
                 buffers.layers = tuple(map(str, read(builder, "layer_names", _BUILDER)))
             _log_not_routed(builder, buffers)
@@ -364,6 +368,12 @@ def group_buffers(
 
 
 _logged: set[tuple[Any, ...]] = set()
+
+
+def _speculative_tokens(vllm_config: Any) -> int:
+    speculative = read(vllm_config, "speculative_config", _CONFIG)
+    tokens = None if speculative is None else _as_int(read(speculative, "num_speculative_tokens", _CONFIG))
+    return tokens or 0
 
 
 def _provides() -> bool:

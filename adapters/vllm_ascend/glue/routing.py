@@ -239,7 +239,7 @@ def plan_route(builder: Any, common_attn_metadata: Any, attn_metadata: Any) -> R
     if size in buffers.fallbacks:
         return Route(q_len=None, reason=buffers.fallbacks[size])
     mechanism = _mechanism()
-    buffers.decodes.expect(size, mechanism.value)  # the last step's replay saw its update, or raise
+    buffers.decodes.expect(size, mechanism.value, buffers.steps_per_update)  # earlier replays updated
     buffers.decodes.check(size)  # the size's captured tensors unmoved, before this step writes a byte
     return _planned(buffers, size, q_len, num_tokens // q_len, kernel_block, attn_metadata, block_table,
                     seq_lens, mechanism)  # fmt: skip

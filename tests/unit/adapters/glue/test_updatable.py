@@ -390,3 +390,25 @@ def test_the_activation_line_names_the_updatable_mechanism_and_the_owner(
     assert "update mechanism UpdatableGraph (vllm_ascend.compilation.updatable_graph.register_task" in line
     assert "registered with the graph through register_task" in line
     assert "graphbuf routes the 512-dim full-attention layers" in line and "large-head owner graphbuf" in line
+
+
+def test_a_drafter_building_its_steps_before_one_replay_is_not_a_hang(legacy_tree: Any) -> None:
+    """A drafter builds each of its k draft steps' metadata before the draft graph's one replay and one
+    update: 1 + k planned steps may wait for one update (GroupBuffers.steps_per_update, from the vLLM
+    config's num_speculative_tokens); one more without an update raises."""
+    graph = torch.npu.NPUGraph()
+    model = _routed_capture(legacy_tree, graph)
+    group = routing.route_of(model.build([5, 6])).group
+    assert group.steps_per_update == 1  # no speculative config: one step per update
+    group.steps_per_update = 3  # as with num_speculative_tokens = 2
+    update = legacy_tree.av1.AscendAttentionBackendImpl.update_graph_params
+    for _ in range(2):
+        for lens in ([5, 6], [7, 8]):  # with the first build above: three planned steps, then one update
+            model.build(lens)
+        update(torch.npu.Stream(), legacy_tree.context, SIZE, None, None, draft_attn_metadatas=None)
+        graph.replay()
+        model.build([1, 2])
+    model.build([3, 4])
+    model.build([5, 6])
+    with pytest.raises(upstream.UpstreamError, match=r"3 replay\(s\) ran graphbuf's tasks"):
+        model.build([5, 6])
