@@ -298,7 +298,8 @@ def _cmd_check_vllm(args: argparse.Namespace) -> int:
     strict_fail = args.strict and not cert.ok
     print(_dumps({**cert.to_dict(), "ok": not strict_fail}) if args.json else cert.render())
     if strict_fail:
-        print(f"graphbuf: check --strict: {cert.warning()}", file=sys.stderr)
+        advice = cert.warning().removeprefix("graphbuf: ")  # the warning the plugin logs carries the prefix
+        print(f"graphbuf: check --strict: {advice}", file=sys.stderr)
         return EXIT_FAIL
     return EXIT_OK
 

@@ -549,3 +549,14 @@ def test_the_whole_model_drill_prints_its_elapsed_time_off_a_terminal(
     code, _, err = _run(capsys, "drill", GEMMA, "--model", "tiny")
     assert code == 0 and isinstance(seen[0], graphbuf.drill.progress.Progress)
     assert err.count("drill: 0/1 whole-model drill, ") >= 2 and " s so far" in err, err
+
+
+def test_check_strict_on_a_vllm_configuration_labels_its_advice_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = _run(capsys, "check", "--max-num-seqs", "256", "--num-speculative-tokens", "3",
+                        "--capture-sizes", "4,8,16", "--strict")  # fmt: skip
+    assert code == 1
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("graphbuf: check --strict: uniform decode batches of 5–256 requests"), line
+    assert line.count("graphbuf:") == 1, line
