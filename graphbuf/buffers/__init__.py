@@ -22,7 +22,7 @@ from graphbuf.buffers.commit import Committer, RefreshStats, write_live
 from graphbuf.buffers.eager import build_eager
 from graphbuf.buffers.layout import Layout, where
 from graphbuf.buffers.mapping import prepare_mapping, read_call
-from graphbuf.buffers.staged import StagedBuffer, StagingArea
+from graphbuf.buffers.staged import StagedBuffer, StagedWrites
 from graphbuf.buffers.validate import Prepared, Source, check_num_reqs, count_of, requests_hint
 
 __all__ = [
@@ -33,7 +33,7 @@ __all__ = [
     "RefreshStats",
     "Source",
     "StagedBuffer",
-    "StagingArea",
+    "StagedWrites",
     "build_eager",
     "check_num_reqs",
     "count_of",

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphbuf.buffers.layout import NP_OF_TORCH, Layout, Slot, dtype_name
+from graphbuf.buffers.layout import NP_OF_TORCH, Layout, ResolvedBuffer, dtype_name
 from graphbuf.buffers.validate import (
     Prepared,
     check_num_reqs,
@@ -50,7 +50,7 @@ _NO_WIDTHS: dict[str, int] = {}  # never written
 class Entry:
     """One bound source, resolved at bind: what each refresh reads of it."""
 
-    slot: Slot
+    slot: ResolvedBuffer
     arr: np.ndarray  # the source as numpy (a torch tensor's view); its live region is [:rows, :width]
     name: str
     wide: bool  # a 2-D buffer
@@ -61,7 +61,9 @@ class Entry:
     watched: bool  # a numpy array the caller holds: shape and strides compared on every refresh (a torch
     # tensor's view is covered by the tensor's own watch: address, shape, strides)
 
-    def unpacked(self) -> tuple[Slot, np.ndarray, str, bool, int, bool, tuple[int, ...], tuple[int, ...]]:
+    def unpacked(
+        self,
+    ) -> tuple[ResolvedBuffer, np.ndarray, str, bool, int, bool, tuple[int, ...], tuple[int, ...]]:
         """``(slot, arr, name, wide, width, watched, shape, strides)``: the form the per-refresh loop
         unpacks by name (measured: six attribute reads per source cost ~1 µs per 6-source refresh)."""
         return (self.slot, self.arr, self.name, self.wide, self.width, self.watched, self.shape, self.strides)

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from graphbuf.buffers.layout import Layout, Slot
+from graphbuf.buffers.layout import Layout, ResolvedBuffer
 from graphbuf.buffers.validate import Prepared, prepared
 
 __all__ = ["PACK_MAX", "Committer", "RefreshStats", "write_live"]
@@ -54,7 +54,14 @@ _new_tuple = tuple.__new__
 
 
 def write_live(
-    t: np.ndarray, src: np.ndarray | None, slot: Slot, n: int, w: int, end: int, rows: int, cols: int
+    t: np.ndarray,
+    src: np.ndarray | None,
+    slot: ResolvedBuffer,
+    n: int,
+    w: int,
+    end: int,
+    rows: int,
+    cols: int,
 ) -> tuple[int, int]:
     """THE live-row write: ``src[:n, :w]`` into ``t[:n, :w]``; every other cell of ``t[:R, :C]`` (``R =
     max(n, end, rows)``, ``C = max(w, cols)``) to the pad, or rows ``n..end`` to the last live row under
@@ -385,7 +392,7 @@ class _Arena:
                 at += n
 
 
-def _rectangle(slot: Slot, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:
+def _rectangle(slot: ResolvedBuffer, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:
     """(rows, cols) of the rectangle a write of ``n`` × ``w`` touches under marks ``rows``/``cols`` (cols 1
     for a 1-D buffer); the native write counts the same."""
     return max(n, end if n else 0, rows), (max(w, cols) if slot.ndim == 2 else 1)
@@ -400,6 +407,6 @@ def _detached(p: Prepared, slab: np.ndarray) -> Prepared:
     return prepared(slot, live.copy(), dev, n, w)
 
 
-def _np_view(t: torch.Tensor, slot: Slot) -> np.ndarray:
+def _np_view(t: torch.Tensor, slot: ResolvedBuffer) -> np.ndarray:
     """A numpy view of host tensor ``t`` in the slot's numpy element type (int16 bits for bfloat16)."""
     return (t.view(torch.int16) if slot.bf16 else t).numpy()

@@ -1,7 +1,7 @@
 """The layout, resolved once: per buffer everything the hot path needs, and the errors that name a buffer.
 
-Nothing here touches buffer memory. A :class:`Slot` is built once per buffer when the buffers are made;
-:meth:`Layout.capacity` gives the (rows, cols) a buffer holds at a capture size (precomputed) or at any
+Nothing here touches buffer memory. A :class:`ResolvedBuffer` is built once per buffer when the buffers are
+made; :meth:`Layout.capacity` gives the (rows, cols) a buffer holds at a capture size (precomputed) or at any
 larger token count (evaluated, for eager steps).
 """
 
@@ -18,7 +18,7 @@ import torch
 from graphbuf.errors import RefreshError
 from graphbuf.planning.planner import BufferPlan, Plan
 
-__all__ = ["NP_OF_TORCH", "Layout", "Slot", "dtype_name", "where"]
+__all__ = ["NP_OF_TORCH", "Layout", "ResolvedBuffer", "dtype_name", "where"]
 
 NP_OF_TORCH: dict[torch.dtype, np.dtype] = {
     torch.bool: np.dtype(np.bool_),
@@ -46,7 +46,7 @@ def where(op: str, size: int | str) -> str:
 
 
 @dataclass(frozen=True)
-class Slot:
+class ResolvedBuffer:
     """One buffer, resolved once."""
 
     plan: BufferPlan
@@ -72,7 +72,7 @@ class Slot:
 
 
 class Layout:
-    """Every buffer of a plan as a :class:`Slot`, plus the facts refresh front-ends share."""
+    """Every buffer of a plan as a :class:`ResolvedBuffer`, plus the facts refresh front-ends share."""
 
     def __init__(self, plan: Plan, kernel: ModuleType | None = None) -> None:
         self.plan = plan
@@ -82,12 +82,12 @@ class Layout:
         tpr = plan.tokens_per_request
         self.tokens_per_request = tpr
         self.max_requests = {s: s // tpr for s in plan.capture_sizes}
-        self.slots: dict[str, Slot] = {b.name: self._slot(i, b) for i, b in enumerate(plan.buffers)}
+        self.slots: dict[str, ResolvedBuffer] = {b.name: self._slot(i, b) for i, b in enumerate(plan.buffers)}
         self.order = tuple(self.slots.values())
         self.required = frozenset(s.name for s in self.order if not s.plan.keep)
         self.per_group = frozenset(b.spec_name for b in plan.buffers if b.group is not None)
 
-    def _slot(self, index: int, b: BufferPlan) -> Slot:
+    def _slot(self, index: int, b: BufferPlan) -> ResolvedBuffer:
         p = self.plan
         bf16 = b.dtype == torch.bfloat16
         np_dtype = np.dtype(np.int16) if bf16 else NP_OF_TORCH[b.dtype]
@@ -111,12 +111,12 @@ class Layout:
         fast: frozenset[np.dtype] = frozenset()
         if kind != "f":  # float sources take the general path: it looks for NaN
             fast = frozenset(d for d in NP_OF_TORCH.values() if np.can_cast(d, np_dtype, "safe"))
-        return Slot(
+        return ResolvedBuffer(
             b, index, np_dtype, bf16, kind, pad, repeat_last, capacity, rows_of_requests, requests_of_rows,
             b.min, b.max, fast, b.ndim, np_dtype.itemsize, b.min is not None or b.max is not None,
         )  # fmt: skip
 
-    def capacity(self, slot: Slot, size: int) -> tuple[int, int]:
+    def capacity(self, slot: ResolvedBuffer, size: int) -> tuple[int, int]:
         """(rows, cols) ``slot`` holds at ``size`` tokens: a capture size, or any count for an eager step."""
         cap = slot.capacity.get(size)
         if cap is None:
@@ -134,7 +134,7 @@ class Layout:
                 break
         return total
 
-    def rows_at(self, slot: Slot, size: int, num_reqs: int) -> int:
+    def rows_at(self, slot: ResolvedBuffer, size: int, num_reqs: int) -> int:
         """The live rows of ``slot`` at ``num_reqs`` requests (its capacity if rows don't follow requests)."""
         table = slot.rows_of_requests
         if table is None:
@@ -162,7 +162,7 @@ class Layout:
             f"{label}: missing buffer(s) {missing}; only buffers declared 'keep: true' may be omitted"
         )
 
-    def slot(self, label: str, name: Any) -> Slot:
+    def slot(self, label: str, name: Any) -> ResolvedBuffer:
         slot = self.slots.get(name) if isinstance(name, str) else None
         if slot is None:
             if isinstance(name, str) and name in self.per_group:

@@ -25,7 +25,7 @@ from graphbuf.buffers import (
     RefreshStats,
     Source,
     StagedBuffer,
-    StagingArea,
+    StagedWrites,
     build_eager,
     check_num_reqs,
     count_of,
@@ -133,7 +133,7 @@ class StaticBuffers:
             "{call}: another thread is using these StaticBuffers (or BoundSources bound to them); use one "
             "StaticBuffers per thread or serialize the calls"
         )
-        self._staging = StagingArea(self.layout, self._commit, full, self.slab, self._guard, native.STAGED)
+        self._staged = StagedWrites(self.layout, self._commit, full, self.slab, self._guard, native.STAGED)
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -218,25 +218,25 @@ class StaticBuffers:
 
     def _refresh(self, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
         """Prepare (every check, staged cells included), then commit (every write)."""
-        staging = self._staging
+        writes = self._staged
         label = self._labels[size]
-        prepared, live = self._prepare(label, size, sources, num_reqs, widths, strict, staging.required)
-        if not staging.names:
+        prepared, live = self._prepare(label, size, sources, num_reqs, widths, strict, writes.required)
+        if not writes.names:
             self._commit.write(prepared, size)
             return live
-        if staging.check_native(prepared, live):  # every staged value checked in C
-            part = staging.packed(live)  # staged: into the refresh's one packed upload
+        if writes.check_native(prepared, live):  # every staged value checked in C
+            part = writes.packed(live)  # staged: into the refresh's one packed upload
             moved = self._commit.write(prepared, size, part)  # never raises: the sources were checked
             if part is None:
-                staging.write_native(live)
+                writes.write_native(live)
             elif moved > 0:
                 self._commit.count(moved)
             elif moved < 0:  # not packed: the Python commit (its checks pass: they ran in C)
-                staging.apply(staging.prepare(prepared, size, live, label), prepared)
+                writes.write(writes.check(prepared, size, live, label), prepared)
             return live
-        staged = staging.prepare(prepared, size, live, label)
+        cells = writes.check(prepared, size, live, label)
         self._commit.write(prepared, size)
-        staging.apply(staged, prepared)
+        writes.write(cells, prepared)
         return live
 
     def eager_inputs(
@@ -260,11 +260,11 @@ class StaticBuffers:
                 raise RefreshError(f"eager(size={size!r}): allowed: a token count >= 1")
             label = where("eager", n)
             reqs = self._check_eager(label, n, num_reqs)
-            staged = self._staging.names
+            staged = self._staged.names
             if staged and reqs is not None and isinstance(sources, Mapping):
                 left_out = staged.difference(sources)
                 if left_out:
-                    sources = {**sources, **self._staging.host_sources(sorted(left_out), n, reqs)}
+                    sources = {**sources, **self._staged.host_sources(sorted(left_out), n, reqs)}
             prepared, _ = self._prepare(label, n, sources, num_reqs, widths, None)
             out = build_eager(self.layout, prepared, n, self.device)
             largest = self._views[self.capture_sizes[-1]]
@@ -330,7 +330,7 @@ class StaticBuffers:
         committed by the next ``refresh(size, sources, num_reqs=n)`` that leaves ``name`` out of ``sources``:
         only the changed cells are checked and written (see :mod:`graphbuf.buffers.staged`)."""
         with self._guard.hold("stage()"):
-            return self._staging.buffer(name)
+            return self._staged.buffer(name)
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
         """Bind persistent host ``sources`` once; refresh them with ``refresh(size, bound, num_reqs=n)``

@@ -48,7 +48,7 @@ state itself, changes nothing it did not ask for. :attr:`StagedBuffer.host` and
 :attr:`StagedBuffer.lengths` are views that cannot be made writable.
 
 Limits: buffers padded ``repeat_last``, ``bfloat16`` buffers and buffers whose width differs between
-capture sizes take full refreshes only (:meth:`StagingArea.buffer` says so).
+capture sizes take full refreshes only (:meth:`StagedWrites.buffer` says so).
 """
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ import numpy as np
 import torch
 
 from graphbuf.buffers.commit import Committer
-from graphbuf.buffers.layout import Layout, Slot
+from graphbuf.buffers.layout import Layout, ResolvedBuffer
 from graphbuf.buffers.validate import Prepared, check_row, check_values, live_fits
 from graphbuf.errors import RefreshError, RowsError, WidthError
 from graphbuf.exclusive import Exclusive
 
-__all__ = ["StagedBuffer", "StagingArea"]
+__all__ = ["StagedBuffer", "StagedWrites"]
 
 _INT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TORCH_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -100,7 +100,9 @@ class _Checks:
     naming what is wrong. Both host states use them: the Python one on every write, the native one
     (``graphbuf.buffers._native.Staged``) on any argument it does not take as it is."""
 
-    def __init__(self, slot: Slot, host: np.ndarray, lens: np.ndarray | None, guard: Exclusive) -> None:
+    def __init__(
+        self, slot: ResolvedBuffer, host: np.ndarray, lens: np.ndarray | None, guard: Exclusive
+    ) -> None:
         self.slot = slot
         self.name = slot.name
         self.host = host  # the whole allocation, numpy element type of the slot
@@ -255,7 +257,13 @@ class _PyMirror(_Checks):
     are its own, the native one holds a :class:`_Checks`)."""
 
     def __init__(
-        self, slot: Slot, host: np.ndarray, lens: np.ndarray | None, colmax: int, top: int, guard: Exclusive
+        self,
+        slot: ResolvedBuffer,
+        host: np.ndarray,
+        lens: np.ndarray | None,
+        colmax: int,
+        top: int,
+        guard: Exclusive,
     ) -> None:
         super().__init__(slot, host, lens, guard)
         self.runs: list[tuple[int, int]] = []  # changed [start, stop) ranges of flat indices
@@ -499,10 +507,10 @@ class StagedBuffer:
 
 # One staged buffer's commit, checked and not yet written: (handle, live rows, changed and entering flat
 # indices (or one slice of them), their values, first and last cleared row, cleared columns, column mark).
-_Plan = tuple[StagedBuffer, int, np.ndarray | slice, np.ndarray, int, int, int, int]
+_CellWrite = tuple[StagedBuffer, int, np.ndarray | slice, np.ndarray, int, int, int, int]
 
 
-class StagingArea:
+class StagedWrites:
     """The staged buffers of one slab: their host states, the check of a commit and its upload."""
 
     def __init__(
@@ -612,7 +620,7 @@ class StagingArea:
         """The staged commit of ``n`` requests checked in one native call, writing nothing: True when every
         staged value passes and :meth:`write_native` commits them after the refresh wrote ``prepared`` (its
         full sources); False (no native commit here, a buffer given whole is staged, a value fails, or the
-        kernel cannot say): then :meth:`prepare` and :meth:`apply`, which name any error."""
+        kernel cannot say): then :meth:`check` and :meth:`write`, which name any error."""
         kernel = self._native
         if kernel is None:
             return False
@@ -638,7 +646,7 @@ class StagingArea:
         None in place."""
         return (self._cores, n, self._bases) if self._staged else None
 
-    def prepare(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_Plan]:
+    def check(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_CellWrite]:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
         writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error."""
         mirrors = self._mirrors
@@ -652,7 +660,7 @@ class StagingArea:
                         "has staged writes; pass it whole or leave it out (its staged writes are then "
                         "committed), not both",
                     )  # fmt: skip
-        plans = []
+        cells = []
         layout = self.layout
         for name, h in mirrors.items():
             if given is not None and name in given:
@@ -687,17 +695,17 @@ class StagingArea:
                 region = m.host[:live]
                 check_values(layout, slot, region, name, label)  # raises with a full refresh's message
             colmark = (core.colmax if m.wide else 0) if live else 0
-            plans.append((h, live, idx, vals, live, shown if shown > live else live, cols, colmark))
-        return plans
+            cells.append((h, live, idx, vals, live, shown if shown > live else live, cols, colmark))
+        return cells
 
-    def apply(self, plans: list[_Plan], prepared: Sequence[Prepared]) -> None:
-        """Write checked ``plans`` (cpu: in place; staged: one packed upload) and take the host state of
+    def write(self, cells: list[_CellWrite], prepared: Sequence[Prepared]) -> None:
+        """Write checked ``cells`` (cpu: in place; staged: one packed upload) and take the host state of
         every staged buffer given whole in ``prepared``. Adds the bytes to the refresh's stats."""
         moved = 0
-        if plans:
-            moved = self._write_in_place(plans) if not self._staged else self._upload(plans)
+        if cells:
+            moved = self._write_in_place(cells) if not self._staged else self._upload(cells)
             commit = self._commit
-            for h, live, *_, colmark in plans:
+            for h, live, *_, colmark in cells:
                 h._core.clear()
                 commit.set_mark(h._c.slot.index, live, colmark)
         if len(prepared) and self._mirrors:
@@ -708,9 +716,9 @@ class StagingArea:
         if moved:
             self._commit.count(moved)
 
-    def _write_in_place(self, plans: list[_Plan]) -> int:
+    def _write_in_place(self, cells: list[_CellWrite]) -> int:
         moved = 0
-        for h, _, idx, vals, c0, c1, ccols, _ in plans:
+        for h, _, idx, vals, c0, c1, ccols, _ in cells:
             m = h._c
             t = self._targets[m.slot.name]
             isz = m.slot.itemsize
@@ -726,12 +734,12 @@ class StagingArea:
                     moved += (c1 - c0) * isz
         return moved
 
-    def _upload(self, plans: list[_Plan]) -> int:
+    def _upload(self, cells: list[_CellWrite]) -> int:
         """Every plan's cells, cleared cells included, in one packed host arena and one upload, then one
         indexed write per element size."""
         groups: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         moved = 0
-        for h, _, idx, vals, c0, c1, ccols, _ in plans:
+        for h, _, idx, vals, c0, c1, ccols, _ in cells:
             m = h._c
             slot = m.slot
             isz = slot.itemsize
@@ -829,7 +837,7 @@ class StagingArea:
         core.clear()
 
 
-def _fits(kernel: ModuleType | None, slot: Slot, vals: np.ndarray) -> bool:
+def _fits(kernel: ModuleType | None, slot: ResolvedBuffer, vals: np.ndarray) -> bool:
     """The staged values lie within ``min``/``max`` (and hold no NaN): one pass, kernel or numpy."""
     if slot.kind == "f":
         if np.isnan(vals).any():

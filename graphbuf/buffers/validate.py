@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from graphbuf.buffers.layout import NP_OF_TORCH, Layout, Slot, dtype_name
+from graphbuf.buffers.layout import NP_OF_TORCH, Layout, ResolvedBuffer, dtype_name
 from graphbuf.errors import RefreshError, RowsError, WidthError
 
 __all__ = [
@@ -51,7 +51,7 @@ class Prepared(NamedTuple):
     Built on the hot path with :func:`prepared` (``tuple.__new__``), measured: ~0.13 µs more per source than
     a plain tuple, where the NamedTuple constructor costs ~0.25 µs more."""
 
-    slot: Slot
+    slot: ResolvedBuffer
     host: np.ndarray | None
     dev: torch.Tensor | None
     rows: int
@@ -62,7 +62,7 @@ _new_tuple = tuple.__new__
 
 
 def prepared(
-    slot: Slot, host: np.ndarray | None, dev: torch.Tensor | None, rows: int, width: int
+    slot: ResolvedBuffer, host: np.ndarray | None, dev: torch.Tensor | None, rows: int, width: int
 ) -> Prepared:
     """A :class:`Prepared` record, built without the NamedTuple constructor's argument binding."""
     return _new_tuple(Prepared, (slot, host, dev, rows, width))  # type: ignore[no-any-return]
@@ -112,7 +112,7 @@ def check_source(
 
 
 def _typed(
-    layout: Layout, slot: Slot, name: str, src: Any, label: str, device: torch.device
+    layout: Layout, slot: ResolvedBuffer, name: str, src: Any, label: str, device: torch.device
 ) -> tuple[np.ndarray | None, torch.Tensor | None]:
     """``src`` as host values or a device tensor of this device, after the type, dtype and layout checks."""
     tp = type(src)
@@ -159,7 +159,7 @@ def _typed(
 _CPU = torch.device("cpu")
 
 
-def check_row(slot: Slot, values: Any, name: str, label: str) -> np.ndarray:
+def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.ndarray:
     """One row of staged values (1-D: a run of elements) under a refresh's rules of type, dtype and layout
     (:func:`_typed`, the one value rule both share): a fresh, contiguous 1-D array of the buffer's dtype,
     owned here (nothing the caller does to ``values`` afterwards reaches it). Bounds and NaN are checked
@@ -182,7 +182,7 @@ def check_row(slot: Slot, values: Any, name: str, label: str) -> np.ndarray:
     return np.array(host, dtype=slot.np_dtype, order="C").reshape(-1)
 
 
-def _check_device_layout(slot: Slot, src: torch.Tensor, name: str, label: str) -> None:
+def _check_device_layout(slot: ResolvedBuffer, src: torch.Tensor, name: str, label: str) -> None:
     _check_torch_dtype(slot, src.dtype, name, label)
     if src.dim() != slot.ndim:
         raise Layout.fail(
@@ -198,7 +198,7 @@ def _check_device_layout(slot: Slot, src: torch.Tensor, name: str, label: str) -
 
 def _fitted(
     layout: Layout,
-    slot: Slot,
+    slot: ResolvedBuffer,
     name: str,
     host: np.ndarray | None,
     dev: torch.Tensor | None,
@@ -252,7 +252,7 @@ def _plain(t: torch.Tensor) -> bool:
     return t.layout == torch.strided and not t.is_nested and not t.is_conj() and not t.is_neg()
 
 
-def _check_tensor_kind(slot: Slot, t: torch.Tensor, name: str, label: str) -> None:
+def _check_tensor_kind(slot: ResolvedBuffer, t: torch.Tensor, name: str, label: str) -> None:
     what = None
     if t.is_nested:
         what = "a nested tensor"
@@ -268,7 +268,7 @@ def _check_tensor_kind(slot: Slot, t: torch.Tensor, name: str, label: str) -> No
         )
 
 
-def _check_torch_dtype(slot: Slot, dtype: torch.dtype, name: str, label: str) -> None:
+def _check_torch_dtype(slot: ResolvedBuffer, dtype: torch.dtype, name: str, label: str) -> None:
     if slot.bf16:
         ok = dtype in _BF16_SAFE_FROM
     elif dtype == torch.bfloat16:
@@ -284,7 +284,7 @@ def _check_torch_dtype(slot: Slot, dtype: torch.dtype, name: str, label: str) ->
         )
 
 
-def _check_layout(slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
+def _check_layout(slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str) -> None:
     if arr.ndim != slot.ndim:
         raise Layout.fail(
             RefreshError, name, label, f"expected {slot.ndim}-D source, got shape {list(arr.shape)}"
@@ -298,7 +298,7 @@ def _check_layout(slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
         )  # fmt: skip
 
 
-def check_typed(slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
+def check_typed(slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str) -> None:
     """A numpy source's dtype casts safely to the buffer's, and its layout fits (ndim, contiguous rows)."""
     if slot.bf16:
         ok = arr.dtype in _BF16_SAFE_NP
@@ -314,7 +314,7 @@ def check_typed(slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
     _check_layout(slot, arr, name, label)
 
 
-def _from_list(slot: Slot, src: list | tuple, name: str, label: str) -> np.ndarray:
+def _from_list(slot: ResolvedBuffer, src: list | tuple, name: str, label: str) -> np.ndarray:
     """A list's values, accepted exactly when each converts to the buffer's dtype as a value-safe cast:
     integers exactly, floats without overflow or underflow (a nonzero value that would become 0 or
     subnormal); floats never into integer buffers."""
@@ -377,7 +377,7 @@ def _from_list(slot: Slot, src: list | tuple, name: str, label: str) -> np.ndarr
     return arr
 
 
-def _big_integers(slot: Slot, arr: np.ndarray, name: str, label: str, logical: str) -> None:
+def _big_integers(slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str, logical: str) -> None:
     """An object array numpy made from integers past 64 bits: the values as given do not fit the buffer's
     integer dtype (the message an integer list out of range gets). Anything else returns (not integers)."""
     items = arr.ravel().tolist()
@@ -405,7 +405,7 @@ def _integers(arr: np.ndarray, src: list | tuple) -> np.ndarray:
 
 
 def _bounds_error(
-    layout: Layout, slot: Slot, name: str, label: str, at: Any, value: Any, which: str
+    layout: Layout, slot: ResolvedBuffer, name: str, label: str, at: Any, value: Any, which: str
 ) -> RefreshError:
     b = slot.plan
     limit = b.min if which == "min" else b.max
@@ -417,7 +417,7 @@ def _bounds_error(
     )  # fmt: skip
 
 
-def values_fit(slot: Slot, arr: np.ndarray) -> bool:
+def values_fit(slot: ResolvedBuffer, arr: np.ndarray) -> bool:
     """True when every value of the non-empty integer ``arr`` lies within the slot's ``min``/``max``: one
     reduction when ``min`` is 0 (viewed unsigned, a negative value lies above any ``max``). False for float
     and bool arrays and for any value outside: then :func:`check_values` finds it and names it."""
@@ -440,7 +440,9 @@ def values_fit(slot: Slot, arr: np.ndarray) -> bool:
     return hi is None or bool(_MAX(arr, None) <= hi)
 
 
-def live_fits(kernel: ModuleType | None, slot: Slot, arr: np.ndarray, rows: int, width: int) -> bool:
+def live_fits(
+    kernel: ModuleType | None, slot: ResolvedBuffer, arr: np.ndarray, rows: int, width: int
+) -> bool:
     """:func:`values_fit` of the live region ``arr[:rows, :width]`` (1-D: ``arr[:rows]``) of a non-empty
     region: in one pass of ``kernel`` (the buffers' refresh kernel) when it checks the dtype, else numpy."""
     if kernel is not None:
@@ -452,7 +454,7 @@ def live_fits(kernel: ModuleType | None, slot: Slot, arr: np.ndarray, rows: int,
     return values_fit(slot, arr)
 
 
-def check_values(layout: Layout, slot: Slot, arr: np.ndarray, name: str, label: str) -> None:
+def check_values(layout: Layout, slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str) -> None:
     """NaN and ``min``/``max`` over the live values of one host source; the message gives the index.
     (The refresh path asks :func:`values_fit` first and calls this only to find and name a bad value.)"""
     if arr.dtype.kind == "f" and np.isnan(arr).any():
@@ -468,7 +470,9 @@ def check_values(layout: Layout, slot: Slot, arr: np.ndarray, name: str, label: 
             raise _bounds_error(layout, slot, name, label, np.argwhere(arr == amax)[0].tolist(), amax, "max")
 
 
-def _check_values_device(layout: Layout, slot: Slot, t: torch.Tensor, name: str, label: str) -> None:
+def _check_values_device(
+    layout: Layout, slot: ResolvedBuffer, t: torch.Tensor, name: str, label: str
+) -> None:
     # Strict mode only: each reduction read back to the host is a device sync.
     if t.is_floating_point() and bool(torch.isnan(t).any()):
         raise Layout.fail(RefreshError, name, label, "NaN in device source")
@@ -493,7 +497,7 @@ def check_num_reqs(num_reqs: Any, cap: int | None, label: str, size: Any = None)
     return n
 
 
-def requests_of_rows(layout: Layout, slot: Slot, rows: int, size: int | None) -> int | None:
+def requests_of_rows(layout: Layout, slot: ResolvedBuffer, rows: int, size: int | None) -> int | None:
     """THE live-count rule: the request count ``rows`` rows of ``slot`` stand for at ``size`` tokens (None:
     any size, as for an eager step), or None when no count gives that many rows."""
     found = slot.requests_of_rows.get(rows)  # type: ignore[union-attr]

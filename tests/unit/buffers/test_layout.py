@@ -1,5 +1,6 @@
-"""``graphbuf/buffers/layout.py``: each buffer resolved once into a ``Slot`` (dtype, pad, capacities, the
-rows <-> requests tables, the dtypes that need no value check), and the errors that name a buffer."""
+"""``graphbuf/buffers/layout.py``: each buffer resolved once into a ``ResolvedBuffer`` (dtype, pad,
+capacities, the rows <-> requests tables, the dtypes that need no value check), and the errors that name a
+buffer."""
 
 from __future__ import annotations
 
