@@ -265,15 +265,20 @@ class Committer:
         for p in prepared:
             slot, host, dev, n, w = p
             i = slot.index
+            r, end = rows_of[i], ends[i]  # the rectangle, as _rectangle gives it (inlined: the hot path)
+            if n > r:
+                r = n
+            if n and end > r:
+                r = end
+            c = cols_of[i] if slot.ndim == 2 else 1
+            if slot.ndim == 2 and w > c:
+                c = w
             if dev is not None and dev.untyped_storage().data_ptr() == self._slab_storage:
                 p = (slot, host, dev.clone(), n, w)
-            end = ends[i]
-            r, c = _rectangle(slot, n, w, end, rows_of[i], cols_of[i])
             of = words_of[i]  # (word start, words per column, row stride in words), or None
             if of is not None and r and c and r * c * of[1] <= PACK_MAX // 4:
-                start, per, row = of
-                rects.append((start, r, c * per, row))
-                rect_words += r * c * per
+                rects.append((of[0], r, c * of[1], of[2]))
+                rect_words += r * c * of[1]
                 if dev is not None:
                     rest.append((p, end, 0, c))
             else:
