@@ -200,3 +200,34 @@ def test_a_source_inside_the_slab_is_written_as_it_was_checked(
     b.refresh(4, {"query_start_loc": view}, num_reqs=1)
     assert b.full["query_start_loc"][:2].tolist() == [0, 4]  # as checked
     assert b.full[BT][0, :3].tolist() == [0, 5, 0]
+
+
+@pytest.mark.parametrize("k", [1, 64, 65, 127, 128, 129, 1000, 1024, 1025, 2047])
+def test_pack_pads_pairs_to_an_eighth_of_their_octave_with_copies_of_the_last(k: int) -> None:
+    """pack's bucket: 64, or k rounded up to an eighth of the power of two below it (at most 1/8 padding);
+    the padding repeats the last pair (the same index, the same word), so placing it changes nothing."""
+    image = np.arange(4 * 4096, dtype=np.int32)
+    rects = [(3 * i, 1, 1, 1) for i in range(k)]  # k one-word spans: k pairs
+    arena = np.zeros(16 * 4096, dtype=np.uint8)
+    got = native.STAGED.pack(rects, image, [], 0, [], [], [], arena)
+    assert isinstance(got, tuple), got
+    pairs, b, runs = got
+    low = 1 << (k.bit_length() - 1)
+    assert pairs == k and not runs
+    assert b == 64 if k <= 64 else (b % (low // 8) == 0 and k <= b < k + low // 8), (k, b)
+    idx = arena[: 8 * b].view(np.int64)
+    val = arena[8 * b : 12 * b].view(np.int32)
+    want = np.array([3 * i for i in range(k)], dtype=np.int64)
+    np.testing.assert_array_equal(idx[:k], want)
+    np.testing.assert_array_equal(val[:k], image[want])
+    assert (idx[k:] == want[-1]).all() and (val[k:] == image[want[-1]]).all()
+
+
+def test_pack_sends_spans_of_run_min_words_as_runs() -> None:
+    """A span of at least 2048 words goes to the run area (one device copy), not 2048 pairs."""
+    image = np.arange(8192, dtype=np.int32)
+    arena = np.zeros(16 * 4096, dtype=np.uint8)
+    rects = [(100, 1, 2048, 2048), (5000, 1, 2047, 2047)]
+    pairs, b, runs = native.STAGED.pack(rects, image, [], 0, [], [], [], arena)
+    assert pairs == 2047 and runs == [(100, 2048)]
+    np.testing.assert_array_equal(arena[12 * b : 12 * b + 4 * 2048].view(np.int32), image[100:2148])
