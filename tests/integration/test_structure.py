@@ -373,6 +373,11 @@ TESTED_IN: dict[str, tuple[str, str, str]] = {
         "upstream.py",
         "the upstream surface the plugin checks at activation",
     ),
+    "adapters/vllm_ascend/glue/activation.py": (
+        "tests/unit/adapters/glue/test_updatable.py",
+        "import graphbuf.adapters.vllm_ascend.glue.activation as activation",
+        "the activation decision (mechanism, large-head owner, its log line), tested with the mechanisms",
+    ),
 }
 TEST_ROOTS = {
     REPO / "graphbuf": REPO / "tests" / "unit",
