@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .criterion import MARGIN, TeacherForced
+from .criterion import FP32_LIVE_TOL, MARGIN, TeacherForced
 from .serve import ServeResult
 
 __all__ = ["DtypeRun", "ModelDrillReport"]
@@ -87,7 +87,7 @@ class DtypeRun:
 
     def render(self) -> list[str]:
         d, r, t = self.as_dict(), self.result, self.teacher
-        exact = "bit-exact" if self.dtype != "float32" else "within 1e-4"
+        exact = "bit-exact" if self.dtype != "float32" else f"|a - b| <= {FP32_LIVE_TOL:g} (1 + |b|)"
         replays = "; ".join(
             f"{k} " + ", ".join(f"{s}: {n}" for s, n in v.items())
             for k, v in d["replays_by_size"].items()
