@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .criterion import FP32_LIVE_TOL, MARGIN, TeacherForced
+from .criterion import FP32_LIVE_TOL, LOGIT_BOUND, MARGIN, TeacherForced
 from .serve import ServeResult
 
 __all__ = ["DtypeRun", "ModelDrillReport"]
@@ -40,14 +40,9 @@ class DtypeRun:
             if not count.ok:
                 out.append(f"{name}: {count.failed}/{count.checked} steps differ; first at {count.first}")
         if not self.teacher.ok:
-            out.append(
-                f"layer 3 (teacher-forced): {self.teacher.flips} flips; first at {self.teacher.first_flip}"
-            )
+            out.append(f"layer 3 (teacher-forced): {self.teacher.problem()}")
         if not r.drafter.ok:
-            out.append(
-                f"drafter vs transformers' assistant: {r.drafter.flips} flips; "
-                f"first at {r.drafter.first_flip}"
-            )
+            out.append(f"drafter vs transformers' assistant: {r.drafter.problem()}")
         if self.dtype == "float32" and self.teacher.first_divergence:
             i, p = min(self.teacher.first_divergence.items())
             out.append(f"float32 sequences differ from transformers' greedy choice: request {i} at token {p}")
@@ -103,10 +98,11 @@ class DtypeRun:
             f"{_count(r.live_eager)} steps",
             f"  3. teacher-forced vs transformers (top-2 margin >= {MARGIN}): {t.flips} flips in "
             f"{t.positions - t.skipped} judged positions, {t.skipped} skipped; "
-            f"max logit diff {t.max_logit_diff:.3g}",
+            f"max logit diff {t.max_logit_diff:.3g} (bound {LOGIT_BOUND:g})",
             f"  drafter vs transformers' Gemma4AssistantForCausalLM (margin >= {MARGIN}): "
             f"{r.drafter.flips} flips in {r.drafter.positions - r.drafter.skipped} judged drafts, "
-            f"{r.drafter.skipped} skipped; max logit diff {r.drafter.max_logit_diff:.3g}",
+            f"{r.drafter.skipped} skipped; max logit diff {r.drafter.max_logit_diff:.3g} "
+            f"(bound {LOGIT_BOUND:g})",
             f"  free-running identity with transformers' greedy choice "
             f"({'judged' if self.dtype == 'float32' else 'reported'}): {self.identical}/{self.requests} "
             "sequences"
