@@ -1219,7 +1219,8 @@ static int pack_cores(PyObject *cores, Py_ssize_t n, PyObject *rows_of, PyObject
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(cores); i++) {
         Job j;
         int got = job_of(PyList_GET_ITEM(cores, i), n, rows_of, cols_of, &j);
-        if (got <= 0 || j.s->isz % 4) return got;
+        if (got <= 0) return got;
+        if (j.s->isz % 4) return 0; /* not 4-byte words: nothing packed, the Python upload writes them all */
         Staged *s = j.s;
         long long base = PyLong_AsLongLong(PyList_GET_ITEM(bases, i));
         if (base == -1 && PyErr_Occurred()) return -1;

@@ -231,3 +231,24 @@ def test_pack_sends_spans_of_run_min_words_as_runs() -> None:
     pairs, b, runs = native.STAGED.pack(rects, image, [], 0, [], [], [], arena)
     assert pairs == 2047 and runs == [(100, 2048)]
     np.testing.assert_array_equal(arena[12 * b : 12 * b + 4 * 2048].view(np.int32), image[100:2148])
+
+
+def test_pack_refuses_a_staged_buffer_of_narrow_elements_before_others() -> None:
+    """A staged core of 2-byte elements before a 4-byte one: pack answers None (nothing packed, every cell
+    still pending for the Python upload), never success with the later core's cells skipped."""
+    import threading
+
+    lock = threading.Lock()
+
+    def core(dtype: type, index: int) -> object:
+        host = np.zeros(8, dtype=dtype)
+        zero = np.zeros(1, dtype).tobytes()
+        return native.STAGED.Staged(host, None, zero, None, None, tuple(range(9)), index, lock, 0, 8, None,
+                                    np.ndarray)  # fmt: skip
+
+    narrow, wide = core(np.int16, 0), core(np.int32, 1)
+    wide.set(2, np.array([7], dtype=np.int32))
+    narrow.set(1, np.array([5], dtype=np.int16))
+    arena = np.zeros(16 * 64, dtype=np.uint8)
+    got = native.STAGED.pack([], np.zeros(4, np.int32), [narrow, wide], 8, [8, 8], [0, 0], [0, 16], arena)
+    assert got is None and narrow.pending and wide.pending
