@@ -177,10 +177,8 @@ class Recorder(DispatchMode):
     ) -> Any:
         """An op of a recording that computes; its signature is then known to pass the kernel's checks."""
         result = func(*args, **kwargs)
-        if not (info.seeded or info.inplace_view or info.restrides or not info.tensors_out):
-            key = _signature(func, bound)
-            if key is not None:
-                VERIFIED.add(key)
+        if not _always_run(info):
+            _verified(func, bound)
         return result
 
     def _run(
@@ -199,7 +197,7 @@ class Recorder(DispatchMode):
         a write whose target overlaps itself or another argument (overlap is checked by the kernel, per
         call). The rest is not computed: a write is skipped, a functional op over :data:`DRY_FROM_BYTES`
         shaped by its meta kernel."""
-        if info.seeded or info.inplace_view or info.restrides or not info.tensors_out:
+        if _always_run(info):
             return func(*args, **kwargs)
         indices = tensors_in(bound.get(name) for name in _INDEX_ARGS)
         if any(not slots[id(t)].group.created for t in indices):
@@ -385,6 +383,18 @@ class Recorder(DispatchMode):
             if key not in RECIPES:
                 RECIPES[key] = find_recipe(func, info, bound, values, None if info.seeded else values)
         self.segment.nodes.append(node)
+
+
+def _always_run(info: OpInfo) -> bool:
+    """Ops a dry recording always runs (random, in-place view, re-striding, no tensor out): never verified."""
+    return info.seeded or info.inplace_view or info.restrides or not info.tensors_out
+
+
+def _verified(func: torch._ops.OpOverload, bound: Mapping[str, Any]) -> None:
+    """Records that ``func``'s signature ran for real (:data:`VERIFIED`)."""
+    key = _signature(func, bound)
+    if key is not None:
+        VERIFIED.add(key)
 
 
 def _signature(func: torch._ops.OpOverload, bound: Mapping[str, Any]) -> tuple[Any, ...] | None:
