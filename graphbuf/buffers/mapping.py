@@ -54,7 +54,6 @@ def prepare_mapping(
     size: int,
     num_reqs: Any,
     label: str,
-    *,
     strict: bool,
     device: torch.device,
     required: frozenset[str] | None = None,
@@ -72,12 +71,13 @@ def prepare_mapping(
     prepared = (
         kernel.accept_all(sources, layout.slots, size, num_reqs, Prepared, np.ndarray) if kernel else None
     )
+    agreed = prepared is not None and num_reqs is not None  # accept_all took only rows that agree with it
     if prepared is None:
         prepared = _checked(layout, sources, size, label, strict, device)
     need = layout.required if required is None else required
     if not need.issubset(sources):
         raise layout.missing_error(label, layout.required.difference(need).union(sources))
-    return prepared, live_requests(layout, prepared, size, num_reqs, label)
+    return prepared, num_reqs if agreed else live_requests(layout, prepared, size, num_reqs, label)
 
 
 def _checked(

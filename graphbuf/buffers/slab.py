@@ -44,6 +44,9 @@ from graphbuf.spec.models import GraphSpec
 __all__ = ["StaticBuffers", "poison_value"]
 
 
+_profiling = torch._C._autograd._profiler_enabled  # True inside a torch.profiler session
+
+
 def poison_value(dtype: torch.dtype) -> int | float | bool:
     """The sentinel a poisoned slab holds: NaN for floats, the minimum for integers, True for bool."""
     if dtype.is_floating_point:
@@ -205,38 +208,26 @@ class StaticBuffers:
         (:attr:`stats`).
         """
         guard = self._guard
-        guard.enter("refresh()")
+        if not guard.acquire(False):
+            raise guard.busy("refresh()")
         try:
-            if type(size) is not int or size not in self._views:
+            label = self._labels.get(size) if type(size) is int else None
+            if label is None:
                 raise self.layout.size_error("refresh", size)
-            if torch._C._autograd._profiler_enabled():
+            if _profiling():
                 with torch.profiler.record_function("graphbuf.buffers"):
-                    return self._refresh(size, sources, num_reqs, widths, strict)
-            return self._refresh(size, sources, num_reqs, widths, strict)
+                    return self._refresh(size, label, sources, num_reqs, widths, strict)
+            return self._refresh(size, label, sources, num_reqs, widths, strict)
         finally:
             guard.release()
 
-    def _refresh(self, size: int, sources: Any, num_reqs: Any, widths: Any, strict: bool | None) -> int:
-        """Prepare (every check, staged cells included), then commit (every write)."""
+    def _refresh(
+        self, size: int, label: str, sources: Any, num_reqs: Any, widths: Any, strict: bool | None
+    ) -> int:
+        """Prepare (every check of the full sources), then commit (the staged checks, then every write)."""
         writes = self._staged
-        label = self._labels[size]
         prepared, live = self._prepare(label, size, sources, num_reqs, widths, strict, writes.required)
-        if not writes.names:
-            self._commit.write(prepared, size)
-            return live
-        if writes.check_native(prepared, live):  # every staged value checked in C
-            part = writes.packed(live)  # staged: into the refresh's one packed upload
-            moved = self._commit.write(prepared, size, part)  # never raises: the sources were checked
-            if part is None:
-                writes.write_native(live)
-            elif moved > 0:
-                self._commit.count(moved)
-            elif moved < 0:  # not packed: the Python commit (its checks pass: they ran in C)
-                writes.write(writes.check(prepared, size, live, label), prepared)
-            return live
-        cells = writes.check(prepared, size, live, label)
-        self._commit.write(prepared, size)
-        writes.write(cells, prepared)
+        writes.commit(prepared, size, live, label)
         return live
 
     def eager_inputs(
@@ -304,18 +295,10 @@ class StaticBuffers:
         required: frozenset[str] | None = None,
     ) -> tuple[list[Prepared], int]:
         strict = self.strict if strict is None else strict
-        sources = read_call(self, sources, num_reqs, widths, label)  # a plain dict, or BoundSources
+        if type(sources) is not dict or widths is not None:  # a plain dict without widths: nothing to check
+            sources = read_call(self, sources, num_reqs, widths, label)  # a plain dict, or BoundSources
         if type(sources) is dict:
-            return prepare_mapping(
-                self.layout,
-                sources,
-                size,
-                num_reqs,
-                label,
-                strict=strict,
-                device=self.device,
-                required=required,
-            )
+            return prepare_mapping(self.layout, sources, size, num_reqs, label, strict, self.device, required)
         return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
 
     def hold(self, call: str) -> Exclusive:

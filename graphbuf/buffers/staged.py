@@ -616,35 +616,41 @@ class StagedWrites:
             out[name] = c.host[:live].copy()
         return out
 
-    def check_native(self, prepared: list[Prepared], n: int) -> bool:
-        """The staged commit of ``n`` requests checked in one native call, writing nothing: True when every
-        staged value passes and :meth:`write_native` commits them after the refresh wrote ``prepared`` (its
-        full sources); False (no native commit here, a buffer given whole is staged, a value fails, or the
-        kernel cannot say): then :meth:`check` and :meth:`write`, which name any error."""
+    def commit(self, prepared: list[Prepared], size: int, n: int, label: str) -> None:
+        """A refresh's writes at ``size`` tokens and ``n`` live requests, in the one order: every staged
+        value checked (nothing written if one fails), then the full sources ``prepared`` (checked already),
+        then the staged cells. The staged cells' check and write run in C when every host state is native
+        and no staged buffer is given whole (packed into the refresh's one upload when uploaded); otherwise
+        through :meth:`check` and :meth:`write`, which name any error."""
+        committer = self._commit
+        if not self._mirrors:
+            committer.write(prepared, size)
+            return
         kernel = self._native
-        if kernel is None:
-            return False
-        mirrors = self._mirrors
-        for p in prepared:
-            if p.slot.name in mirrors:
-                return False
-        rows, cols = self._commit.marks
-        return kernel.commit(self._cores, n, rows, cols, self._core_targets, False) is True
-
-    def write_native(self, n: int) -> None:
-        """Write the staged cells :meth:`check_native` passed in place, in one native call (after the full
-        sources: a staged buffer is never a full source of the same refresh); adds the bytes to the
-        refresh's stats. (Staged, :meth:`packed` hands them to the refresh's packed upload instead.)"""
-        rows, cols = self._commit.marks
-        moved = self._native.commit(self._cores, n, rows, cols, self._core_targets, True)  # type: ignore[union-attr]
-        if moved:
-            self._commit.count(moved)
-
-    def packed(self, n: int) -> tuple[list[Any], int, list[int]] | None:
-        """Staged with the native host state: (cores, n, their word offsets in the slab), for
-        :meth:`Committer.write` to pack the cells :meth:`check_native` passed into the refresh's one upload;
-        None in place."""
-        return (self._cores, n, self._bases) if self._staged else None
+        if kernel is not None:
+            rows, cols = committer.marks
+            mirrors = self._mirrors
+            given = False
+            for p in prepared:
+                if p[0].name in mirrors:
+                    given = True
+                    break
+            if not given and kernel.commit(self._cores, n, rows, cols, self._core_targets, False) is True:
+                if not self._staged:  # in place: the full sources, then the staged cells
+                    committer.write(prepared, size)
+                    moved = kernel.commit(self._cores, n, rows, cols, self._core_targets, True)
+                    if moved:
+                        committer.count(moved)
+                    return
+                moved = committer.write(prepared, size, (self._cores, n, self._bases))
+                if moved > 0:
+                    committer.count(moved)
+                elif moved < 0:  # not packed: the Python commit (its checks pass: they ran in C)
+                    self.write(self.check(prepared, size, n, label), prepared)
+                return
+        cells = self.check(prepared, size, n, label)
+        committer.write(prepared, size)
+        self.write(cells, prepared)
 
     def check(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_CellWrite]:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
