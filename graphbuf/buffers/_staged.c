@@ -83,6 +83,7 @@ typedef struct {
     Py_ssize_t ntable; /* -1: no table */
     Py_ssize_t index;
     PyObject *lock, *checks;
+    PyObject *acquire, *release; /* lock.acquire and lock.release, bound once */
     PyTypeObject *ndarray;
     int64_t colmax, top;
     int64_t *runs; /* [start, stop) pairs of flat indices */
@@ -91,7 +92,7 @@ typedef struct {
     Py_ssize_t ncells, capcell;
 } Staged;
 
-static PyObject *s_acquire, *s_release, *s_normalize, *s_busy;
+static PyObject *s_acquire, *s_release, *s_normalize, *s_busy, *s_name, *s_host_view, *s_lengths_view;
 
 static inline char *at(const Staged *s, int64_t i) { return (char *)s->host.buf + i * s->isz; }
 static inline int64_t *lens(const Staged *s) { return (int64_t *)s->lensb.buf; }
@@ -237,11 +238,18 @@ static int plain_int64(const Staged *s, PyObject *o, Vals *v) {
     return plain_array(o, s->ndarray, K_SIGNED, 8, v);
 }
 
-/* Arguments by position or keyword into out[0..n), defaults kept; -1 with TypeError otherwise. */
+/* Arguments by position or keyword into out[0..n), defaults kept; -1 with the TypeError a Python method
+ * StagedBuffer.<fn>(self, ...) of these names and ``required`` leading required ones would raise. */
 static int parse(const char *fn, const char *const *names, int n, int required, PyObject *const *args,
                  Py_ssize_t nargs, PyObject *kwnames, PyObject **out) {
     if (nargs > n) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fn, n, nargs);
+        if (required == n)
+            PyErr_Format(PyExc_TypeError, "StagedBuffer.%s() takes %d positional arguments but %zd were given", fn,
+                         n + 1, nargs + 1);
+        else
+            PyErr_Format(PyExc_TypeError,
+                         "StagedBuffer.%s() takes from %d to %d positional arguments but %zd were given", fn,
+                         required + 1, n + 1, nargs + 1);
         return -1;
     }
     for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
@@ -253,26 +261,38 @@ static int parse(const char *fn, const char *const *names, int n, int required, 
         for (int i = 0; i < n; i++)
             if (strcmp(key, names[i]) == 0) found = i;
         if (found < 0) {
-            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fn, key);
+            PyErr_Format(PyExc_TypeError, "StagedBuffer.%s() got an unexpected keyword argument '%s'", fn, key);
             return -1;
         }
         if (found < nargs) {
-            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fn, key);
+            PyErr_Format(PyExc_TypeError, "StagedBuffer.%s() got multiple values for argument '%s'", fn, key);
             return -1;
         }
         out[found] = args[nargs + j];
     }
+    int missing = 0, first = -1, second = -1;
     for (int i = 0; i < required; i++)
         if (!out[i]) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fn, names[i]);
-            return -1;
+            if (first < 0) first = i;
+            else second = i;
+            missing++;
         }
+    if (missing == 1) {
+        PyErr_Format(PyExc_TypeError, "StagedBuffer.%s() missing 1 required positional argument: '%s'", fn,
+                     names[first]);
+        return -1;
+    }
+    if (missing == 2) { /* no op has more than two required arguments */
+        PyErr_Format(PyExc_TypeError, "StagedBuffer.%s() missing 2 required positional arguments: '%s' and '%s'",
+                     fn, names[first], names[second]);
+        return -1;
+    }
     return 0;
 }
 
 /* The guard, taken without waiting; a caller holding it elsewhere: _busy(op) raises its error. */
 static int take(Staged *s, const char *op) {
-    PyObject *r = PyObject_CallMethodOneArg(s->lock, s_acquire, Py_False);
+    PyObject *r = PyObject_CallOneArg(s->acquire, Py_False);
     if (!r) return -1;
     int ok = r == Py_True;
     Py_DECREF(r);
@@ -289,7 +309,7 @@ static int take(Staged *s, const char *op) {
 static void give(Staged *s) {
     PyObject *tp, *val, *tb;
     PyErr_Fetch(&tp, &val, &tb);
-    PyObject *r = PyObject_CallMethodNoArgs(s->lock, s_release);
+    PyObject *r = PyObject_CallNoArgs(s->release);
     if (!r) PyErr_Clear();
     Py_XDECREF(r);
     PyErr_Restore(tp, val, tb);
@@ -702,6 +722,19 @@ static PyObject *get_nchanged(Staged *s, void *c) {
     return PyLong_FromLongLong(need);
 }
 
+/* The public face, kept by the Python checks (staged._Checks): one rule for both host states. */
+static PyObject *get_name(Staged *s, void *c) { return PyObject_GetAttr(s->checks, s_name); }
+static PyObject *get_host(Staged *s, void *c) { return PyObject_CallMethodNoArgs(s->checks, s_host_view); }
+static PyObject *get_lengths(Staged *s, void *c) { return PyObject_CallMethodNoArgs(s->checks, s_lengths_view); }
+
+static PyObject *st_repr(Staged *s) {
+    PyObject *name = PyObject_GetAttr(s->checks, s_name);
+    if (!name) return NULL;
+    PyObject *r = PyUnicode_FromFormat("StagedBuffer(%R, pending=%s)", name, s->nruns || s->ncells ? "True" : "False");
+    Py_DECREF(name);
+    return r;
+}
+
 static PyObject *get_colmax(Staged *s, void *c) { return PyLong_FromLongLong(s->colmax); }
 static PyObject *get_top(Staged *s, void *c) { return PyLong_FromLongLong(s->top); }
 
@@ -1046,6 +1079,8 @@ static int st_init(Staged *s, PyObject *args, PyObject *kwds) {
     s->index = index;
     Py_INCREF(lock);
     s->lock = lock;
+    if (!(s->acquire = PyObject_GetAttr(lock, s_acquire)) || !(s->release = PyObject_GetAttr(lock, s_release)))
+        return -1;
     s->checks = Py_NewRef(checks);
     s->ndarray = (PyTypeObject *)Py_NewRef(ndarray);
     if (colmax < 0 || colmax > s->width || top < 0 || top > s->rows) {
@@ -1058,6 +1093,8 @@ static int st_init(Staged *s, PyObject *args, PyObject *kwds) {
 
 static int st_traverse(Staged *s, visitproc visit, void *arg) {
     Py_VISIT(s->lock);
+    Py_VISIT(s->acquire);
+    Py_VISIT(s->release);
     Py_VISIT(s->checks);
     Py_VISIT((PyObject *)s->ndarray);
     return 0;
@@ -1065,6 +1102,8 @@ static int st_traverse(Staged *s, visitproc visit, void *arg) {
 
 static int st_clear_refs(Staged *s) {
     Py_CLEAR(s->lock);
+    Py_CLEAR(s->acquire);
+    Py_CLEAR(s->release);
     Py_CLEAR(s->checks);
     Py_CLEAR(s->ndarray);
     return 0;
@@ -1086,13 +1125,13 @@ static void st_dealloc(Staged *s) {
 #define CF(f) (PyCFunction)(void (*)(void))(f)
 
 static PyMethodDef st_methods[] = {
-    {"set", CF(st_set), FAST, "set(row, values, col=0)"},
-    {"append", CF(st_append), FAST, "append(row, values)"},
-    {"set_row", CF(st_set_row), FAST, "set_row(row, values)"},
-    {"clear_row", CF(st_clear_row), FAST, "clear_row(row)"},
-    {"move_row", CF(st_move_row), FAST, "move_row(src, dst)"},
-    {"swap_rows", CF(st_swap_rows), FAST, "swap_rows(a, b)"},
-    {"scatter", CF(st_scatter), FAST, "scatter(rows, values, cols=None)"},
+    {"set", CF(st_set), FAST, "set(row, values, col=0): see graphbuf.buffers.staged.StagedBuffer.set."},
+    {"append", CF(st_append), FAST, "append(row, values): see graphbuf.buffers.staged.StagedBuffer.append."},
+    {"set_row", CF(st_set_row), FAST, "set_row(row, values): see graphbuf.buffers.staged.StagedBuffer.set_row."},
+    {"clear_row", CF(st_clear_row), FAST, "clear_row(row): see graphbuf.buffers.staged.StagedBuffer.clear_row."},
+    {"move_row", CF(st_move_row), FAST, "move_row(src, dst): see graphbuf.buffers.staged.StagedBuffer.move_row."},
+    {"swap_rows", CF(st_swap_rows), FAST, "swap_rows(a, b): see graphbuf.buffers.staged.StagedBuffer.swap_rows."},
+    {"scatter", CF(st_scatter), FAST, "scatter(rows, values, cols=None): see graphbuf.buffers.staged.StagedBuffer.scatter."},
     {"changed_into", CF(st_changed_into), METH_O, "Every changed flat index into a contiguous int64 array."},
     {"single", CF(st_single), METH_NOARGS, "(start, stop) of the one changed run, or None."},
     {"clear", CF(st_clear), METH_NOARGS, "Forget the changes (after a commit)."},
@@ -1100,7 +1139,11 @@ static PyMethodDef st_methods[] = {
 };
 
 static PyGetSetDef st_getset[] = {
-    {"pending", (getter)get_pending, NULL, "True while changes wait for a commit.", NULL},
+    {"name", (getter)get_name, NULL, "The buffer's name.", NULL},
+    {"host", (getter)get_host, NULL, "The host state, read-only (StagedBuffer.host).", NULL},
+    {"lengths", (getter)get_lengths, NULL, "2-D: per row, the columns that may hold values (StagedBuffer.lengths).",
+     NULL},
+    {"pending", (getter)get_pending, NULL, "True while staged writes wait for a refresh to commit them.", NULL},
     {"nchanged", (getter)get_nchanged, NULL, "Changed flat indices (with repeats).", NULL},
     {"colmax", (getter)get_colmax, (setter)put_colmax, "Bound of every row's length.", NULL},
     {"top", (getter)get_top, (setter)put_top, "Rows at and past top hold the pad.", NULL},
@@ -1111,12 +1154,13 @@ static PyTypeObject StagedType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "graphbuf.buffers._native.Staged",
     .tp_basicsize = sizeof(Staged),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "One staged buffer's host state and changed cells.",
+    .tp_doc = "One staged buffer's host state and changed cells, in C: a graphbuf.buffers.staged.StagedBuffer.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)st_init,
     .tp_dealloc = (destructor)st_dealloc,
     .tp_traverse = (traverseproc)st_traverse,
     .tp_clear = (inquiry)st_clear_refs,
+    .tp_repr = (reprfunc)st_repr,
     .tp_methods = st_methods,
     .tp_getset = st_getset,
 };
@@ -1330,7 +1374,10 @@ int gb_staged_init(PyObject *mod) {
     s_release = PyUnicode_InternFromString("release");
     s_normalize = PyUnicode_InternFromString("_normalize");
     s_busy = PyUnicode_InternFromString("_busy");
-    if (!s_acquire || !s_release || !s_normalize || !s_busy) return -1;
+    s_name = PyUnicode_InternFromString("name");
+    s_host_view = PyUnicode_InternFromString("host_view");
+    s_lengths_view = PyUnicode_InternFromString("lengths_view");
+    if (!s_acquire || !s_release || !s_normalize || !s_busy || !s_name || !s_host_view || !s_lengths_view) return -1;
     if (PyModule_AddFunctions(mod, staged_methods) < 0) return -1;
     return PyModule_AddObjectRef(mod, "Staged", (PyObject *)&StagedType);
 }

@@ -28,19 +28,20 @@ values) uploaded in one non-blocking copy and scattered with one indexed write p
 or 8 bytes), not one per buffer (Python host state). The ``depth`` arenas take turns behind an event, as
 the upload copies of a full refresh do.
 
-Two host states, one behaviour. The host state's kind is chosen once, when the buffers are built: with the
-native kernel (``graphbuf/buffers/_staged.c``, :data:`graphbuf.buffers.native.STAGED`) a host state, its
-changed cells and its writes live in C: a write whose arguments are already plain (int rows and columns
-inside the allocation; values an exact ``numpy.ndarray``, contiguous, 1-D, of the buffer's element type, or
-a list of ints that fit it) runs without a Python check; any other goes through the same Python checks
-(:class:`_Checks`) first. On a cpu slab written in place the commit is two native calls, in the
-Python commit's order: every staged check before the refresh writes anything (a value that fails sends the
-refresh to the Python commit, which names it), every staged write after its full sources (a staged buffer
-is never a full source of the same refresh, so no source changes between its check and its write).
-Without the kernel (no C compiler, ``GRAPHBUF_NATIVE=0``) the Python host state (:class:`_PyMirror`) does
-the same in numpy. Both write the same bytes and raise the same errors (``test_staged_native.py``, the
-state machine of ``test_staged_state_machine.py`` and the differential fuzzer
-``tests/integration/fuzz_staged.py``).
+Two host states, one behaviour. The host state's kind is chosen once, when the buffers are built. With
+the native kernel (``graphbuf/buffers/_staged.c``, :data:`graphbuf.buffers.native.STAGED`) a host state,
+its changed cells and its writes live in C, and :meth:`graphbuf.StaticBuffers.stage` hands it out as it is
+(``_native.Staged``, registered as a :class:`StagedBuffer`: no Python frame per write). A write whose
+arguments are already plain (int rows and columns inside the allocation; values an exact
+``numpy.ndarray``, contiguous, 1-D, of the buffer's element type, or a list of ints that fit it) runs
+without a Python check; any other goes through the same Python checks (:class:`_Checks`) first. On a cpu
+slab written in place the commit is two native calls, in the Python commit's order: every staged check
+before the refresh writes anything (a value that fails sends the refresh to the Python commit, which names
+it), every staged write after its full sources (a staged buffer is never a full source of the same
+refresh, so no source changes between its check and its write). Without the kernel (no C compiler,
+``GRAPHBUF_NATIVE=0``) the Python host state (:class:`StagedBuffer` itself) does the same in numpy. Both
+write the same bytes and raise the same errors (``test_staged_native.py``, the state machine of
+``test_staged_state_machine.py`` and the differential fuzzer ``tests/integration/fuzz_staged.py``).
 
 Ownership. A write copies its indices and values at the call (the C scatter before its check), checks the
 copy and writes it: a caller that reuses or changes its arrays afterwards, or passes views of the host
@@ -53,6 +54,7 @@ capture sizes take full refreshes only (:meth:`StagedWrites.buffer` says so).
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -105,13 +107,25 @@ class _Checks:
     ) -> None:
         self.slot = slot
         self.name = slot.name
-        self.host = host  # the whole allocation, numpy element type of the slot
+        self.state = host  # the host state: the whole allocation, numpy element type of the slot
         self.flat = host.reshape(-1)
         self.lens = lens  # 2-D: per row, the columns that may differ from the pad (the rest is pad)
         self.rows = host.shape[0]
         self.wide = host.ndim == 2
         self.width = host.shape[1] if self.wide else 1
         self.guard = guard
+        self._host_ro = _read_only(host)
+        self._lens_ro = _read_only(lens) if lens is not None else None
+
+    def host_view(self) -> np.ndarray:
+        """:attr:`StagedBuffer.host` of both host states: a new read-only view of the host state."""
+        return self._host_ro.view()
+
+    def lengths_view(self) -> np.ndarray:
+        """:attr:`StagedBuffer.lengths` of both host states; a 1-D buffer has none."""
+        if self._lens_ro is None:
+            raise RefreshError(f"lengths: buffer {self.name!r} is 1-D; it has no row lengths")
+        return self._lens_ro.view()
 
     def _busy(self, op: str) -> None:
         raise self.guard.busy(f"{op}()")
@@ -251,10 +265,19 @@ class _Checks:
         return check_row(self.slot, values, self.name, f"{op}()")
 
 
-class _PyMirror(_Checks):
-    """One staged buffer's host state and its uncommitted changes (flat element indices), in Python: the
-    path without the native kernel, the same writes as ``graphbuf.buffers._native.Staged``'s (its checks
-    are its own, the native one holds a :class:`_Checks`)."""
+class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
+    """Staged writes to one buffer (from :meth:`graphbuf.StaticBuffers.stage`). Rows and columns index the
+    buffer's whole allocation; one outside it raises :class:`RowsError`/:class:`WidthError` here, at stage
+    time. Values are checked for a safe cast here (a refresh's rule) and against ``min``/``max`` (and NaN)
+    when a refresh commits them. Every write copies its indices and values at the call: nothing the caller
+    does to them afterwards reaches the host state. A 1-D buffer's "row" is one element: :meth:`set`
+    writes a run of elements from ``row``.
+
+    This class is the Python host state (its writes in numpy, its changed cells as flat element indices);
+    with the native kernel :meth:`graphbuf.StaticBuffers.stage` returns the native host state
+    (``graphbuf.buffers._native.Staged``, registered as a StagedBuffer): the same methods, bytes and errors,
+    the checks of arguments it does not take as they are made by this class's own :class:`_Checks`.
+    """
 
     def __init__(
         self,
@@ -272,7 +295,19 @@ class _PyMirror(_Checks):
         self.top = top  # rows at and past top hold the pad
 
     @property
+    def host(self) -> np.ndarray:
+        """The host state (a read-only view that cannot be made writable; bfloat16 is refused, so values
+        are in the buffer's dtype); a new view each time, so reshaping one in place changes no other."""
+        return self.host_view()
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """2-D: per row, the columns that may hold values (read-only as :attr:`host`; the writes keep it)."""
+        return self.lengths_view()
+
+    @property
     def pending(self) -> bool:
+        """True while staged writes wait for a refresh to commit them."""
         return bool(self.runs or self.cells)
 
     def single(self) -> tuple[int, int] | None:
@@ -305,10 +340,12 @@ class _PyMirror(_Checks):
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def set(self, row: Any, values: Any, col: Any = 0) -> None:
+        """2-D: ``values`` into row ``row`` from column ``col``. 1-D: into elements ``row``, ``row+1``, ..."""
         with self.guard.hold("set()"):
             self._set(*self._normalize("set", row, values, col))
 
     def append(self, row: Any, values: Any) -> None:
+        """2-D: ``values`` into row ``row`` after its last value (:attr:`lengths`)."""
         with self.guard.hold("append()"):
             r, arr = self._normalize("append", row, values)
             self._set(r, arr, int(self.lens[r]))  # type: ignore[index]
@@ -316,7 +353,7 @@ class _PyMirror(_Checks):
     def _set(self, r: int, arr: np.ndarray, c: int) -> None:
         k = arr.shape[0]
         if self.wide:
-            self.host[r, c : c + k] = arr
+            self.state[r, c : c + k] = arr
             if c + k > self.lens[r]:  # type: ignore[index]
                 self.lens[r] = c + k  # type: ignore[index]
                 if c + k > self.colmax:
@@ -326,24 +363,25 @@ class _PyMirror(_Checks):
             if r >= self.top:
                 self.top = r + 1
         else:
-            self.host[r : r + k] = arr
+            self.state[r : r + k] = arr
             self.runs.append((r, r + k))
             if r + k > self.top:
                 self.top = r + k
 
     def set_row(self, row: Any, values: Any) -> None:
+        """Row ``row`` becomes ``values``, the rest of the row the pad (1-D: one element)."""
         with self.guard.hold("set_row()"):
             r, arr = self._normalize("set_row", row, values)
             k = arr.shape[0]
             if not self.wide:
-                self.host[r] = arr[0]
+                self.state[r] = arr[0]
                 self.runs.append((r, r + 1))
             else:
                 lens = self.lens
                 old = int(lens[r])  # type: ignore[index]
-                self.host[r, :k] = arr
+                self.state[r, :k] = arr
                 if old > k:
-                    self.host[r, k:old] = self.slot.pad
+                    self.state[r, k:old] = self.slot.pad
                 lens[r] = k  # type: ignore[index]
                 if k > self.colmax:
                     self.colmax = k
@@ -353,19 +391,21 @@ class _PyMirror(_Checks):
                 self.top = r + 1
 
     def clear_row(self, row: Any) -> None:
+        """Row ``row`` becomes the pad."""
         with self.guard.hold("clear_row()"):
             (r,) = self._normalize("clear_row", row)
             if self.wide:
                 old = int(self.lens[r])  # type: ignore[index]
                 if old:
-                    self.host[r, :old] = self.slot.pad
+                    self.state[r, :old] = self.slot.pad
                     self.lens[r] = 0  # type: ignore[index]
                     self.runs.append((r * self.width, r * self.width + old))
             else:
-                self.host[r] = self.slot.pad
+                self.state[r] = self.slot.pad
                 self.runs.append((r, r + 1))
 
     def move_row(self, src: Any, dst: Any) -> None:
+        """Row ``dst`` becomes a copy of row ``src`` (``src`` keeps its values), as vLLM's ``move_row``."""
         with self.guard.hold("move_row()"):
             s, d = self._normalize("move_row", src, dst)
             if s == d:
@@ -373,18 +413,19 @@ class _PyMirror(_Checks):
             if self.wide:
                 lens = self.lens
                 k, old = int(lens[s]), int(lens[d])  # type: ignore[index]
-                self.host[d, :k] = self.host[s, :k]
+                self.state[d, :k] = self.state[s, :k]
                 if old > k:
-                    self.host[d, k:old] = self.slot.pad
+                    self.state[d, k:old] = self.slot.pad
                 lens[d] = k  # type: ignore[index]
                 self.runs.append((d * self.width, d * self.width + max(k, old)))
             else:
-                self.host[d] = self.host[s]
+                self.state[d] = self.state[s]
                 self.runs.append((d, d + 1))
             if d >= self.top:
                 self.top = d + 1
 
     def swap_rows(self, a: Any, b: Any) -> None:
+        """Rows ``a`` and ``b`` trade values."""
         with self.guard.hold("swap_rows()"):
             i, j = self._normalize("swap_rows", a, b)
             if i == j:
@@ -392,35 +433,45 @@ class _PyMirror(_Checks):
             if self.wide:
                 lens = self.lens
                 k = int(max(lens[i], lens[j]))  # type: ignore[index]
-                self.host[[i, j], :k] = self.host[[j, i], :k]
+                self.state[[i, j], :k] = self.state[[j, i], :k]
                 lens[i], lens[j] = lens[j], lens[i]  # type: ignore[index]
                 w = self.width
                 self.runs.append((i * w, i * w + k))
                 self.runs.append((j * w, j * w + k))
             else:
-                self.host[[i, j]] = self.host[[j, i]]
+                self.state[[i, j]] = self.state[[j, i]]
                 self.runs.append((i, i + 1))
                 self.runs.append((j, j + 1))
             self.top = max(self.top, i + 1, j + 1)
 
     def scatter(self, rows: Any, values: Any, cols: Any = None) -> None:
+        """Many cells at once: cell ``(rows[i], cols[i])`` (1-D: element ``rows[i]``) becomes ``values[i]``.
+        With repeated cells the last value wins. The batched form of :meth:`set` and :meth:`append`. Rows
+        and columns follow :meth:`set`'s integer rule (no bool, float or str)."""
         with self.guard.hold("scatter()"):
             r, arr, c = self._normalize("scatter", rows, values, cols)
             if r is None:
                 return
             hi = int(r.max())
             if self.wide:
-                self.host[r, c] = arr
+                self.state[r, c] = arr
                 np.maximum.at(self.lens, r, c + 1)
                 chi = int(c.max())
                 if chi + 1 > self.colmax:
                     self.colmax = chi + 1
                 self.cells.append(r * self.width + c)
             else:
-                self.host[r] = arr
+                self.state[r] = arr
                 self.cells.append(r)
             if hi >= self.top:
                 self.top = hi + 1
+
+
+def changed_cells(core: Any) -> np.ndarray:
+    """Every uncommitted changed flat index of a staged buffer (a cell staged twice appears twice)."""
+    out = np.empty(core.nchanged, dtype=np.int64)
+    core.changed_into(out)
+    return out
 
 
 def _read_only(arr: np.ndarray) -> np.ndarray:
@@ -429,85 +480,10 @@ def _read_only(arr: np.ndarray) -> np.ndarray:
     return np.asarray(memoryview(arr).toreadonly())
 
 
-class StagedBuffer:
-    """Staged writes to one buffer (from :meth:`graphbuf.StaticBuffers.stage`). Rows and columns index the
-    buffer's whole allocation; one outside it raises :class:`RowsError`/:class:`WidthError` here, at stage
-    time. Values are checked for a safe cast here (a refresh's rule) and against ``min``/``max`` (and NaN)
-    when a refresh commits them. Every write copies its indices and values at the call: nothing the caller
-    does to them afterwards reaches the host state. A 1-D buffer's "row" is one element: :meth:`set`
-    writes a run of elements from ``row``.
-    """
-
-    __slots__ = ("_c", "_core", "_host", "_lens", "name")
-
-    def __init__(self, checks: _Checks, core: Any) -> None:
-        self._c = checks  # shape, host arrays, the stage-time checks
-        self._core = core  # the host state's writes and changed cells (_PyMirror, or the native Staged)
-        self.name = checks.name
-        self._host = _read_only(checks.host)
-        self._lens = _read_only(checks.lens) if checks.lens is not None else None
-
-    @property
-    def host(self) -> np.ndarray:
-        """The host state (a read-only view that cannot be made writable; bfloat16 is refused, so values
-        are in the buffer's dtype); a new view each time, so reshaping one in place changes no other."""
-        return self._host.view()
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """2-D: per row, the columns that may hold values (read-only as :attr:`host`; the writes keep it)."""
-        if self._lens is None:
-            raise RefreshError(f"lengths: buffer {self.name!r} is 1-D; it has no row lengths")
-        return self._lens.view()
-
-    @property
-    def pending(self) -> bool:
-        """True while staged writes wait for a refresh to commit them."""
-        return self._core.pending
-
-    def set(self, row: int, values: Any, col: int = 0) -> None:
-        """2-D: ``values`` into row ``row`` from column ``col``. 1-D: into elements ``row``, ``row+1``, ..."""
-        self._core.set(row, values, col)
-
-    def append(self, row: int, values: Any) -> None:
-        """2-D: ``values`` into row ``row`` after its last value (:attr:`lengths`)."""
-        self._core.append(row, values)
-
-    def set_row(self, row: int, values: Any) -> None:
-        """Row ``row`` becomes ``values``, the rest of the row the pad (1-D: one element)."""
-        self._core.set_row(row, values)
-
-    def clear_row(self, row: int) -> None:
-        """Row ``row`` becomes the pad."""
-        self._core.clear_row(row)
-
-    def move_row(self, src: int, dst: int) -> None:
-        """Row ``dst`` becomes a copy of row ``src`` (``src`` keeps its values), as vLLM's ``move_row``."""
-        self._core.move_row(src, dst)
-
-    def swap_rows(self, a: int, b: int) -> None:
-        """Rows ``a`` and ``b`` trade values."""
-        self._core.swap_rows(a, b)
-
-    def scatter(self, rows: Any, values: Any, cols: Any = None) -> None:
-        """Many cells at once: cell ``(rows[i], cols[i])`` (1-D: element ``rows[i]``) becomes ``values[i]``.
-        With repeated cells the last value wins. The batched form of :meth:`set` and :meth:`append`. Rows
-        and columns follow :meth:`set`'s integer rule (no bool, float or str)."""
-        self._core.scatter(rows, values, cols)
-
-    def _changed(self) -> np.ndarray:
-        """Every uncommitted changed flat index (a cell staged twice appears twice), as one int64 array."""
-        out = np.empty(self._core.nchanged, dtype=np.int64)
-        self._core.changed_into(out)
-        return out
-
-    def __repr__(self) -> str:
-        return f"StagedBuffer({self.name!r}, pending={self.pending})"
-
-
-# One staged buffer's commit, checked and not yet written: (handle, live rows, changed and entering flat
-# indices (or one slice of them), their values, first and last cleared row, cleared columns, column mark).
-_CellWrite = tuple[StagedBuffer, int, np.ndarray | slice, np.ndarray, int, int, int, int]
+# One staged buffer's commit, checked and not yet written: (checks, host state, live rows, changed and
+# entering flat indices (or one slice of them), their values, first and last cleared row, cleared columns,
+# column mark).
+_CellWrite = tuple["_Checks", StagedBuffer, int, np.ndarray | slice, np.ndarray, int, int, int, int]
 
 
 class StagedWrites:
@@ -527,7 +503,8 @@ class StagedWrites:
         self._commit = committer
         self._full = full
         self._slab = slab
-        self._mirrors: dict[str, StagedBuffer] = {}
+        self._mirrors: dict[str, StagedBuffer] = {}  # the handles: the host states themselves
+        self._checks: dict[str, _Checks] = {}  # their checks (a Python host state is its own)
         self.names: frozenset[str] = frozenset()
         #: The buffers a refresh must be given: the required ones not staged.
         self.required: frozenset[str] = layout.required
@@ -546,6 +523,8 @@ class StagedWrites:
         self._native: ModuleType | None = None
         self._bases: list[int] = []  # staged: each core's buffer offset in 4-byte slab words
         self._kernel = staged_kernel  # the host state's kind, chosen with the buffers
+        if staged_kernel is not None:
+            StagedBuffer.register(staged_kernel.Staged)  # the native host state is a StagedBuffer
 
     def buffer(self, name: Any) -> StagedBuffer:
         """The staged-write handle of buffer ``name`` (made on first use: its host state then takes the
@@ -576,32 +555,32 @@ class StagedWrites:
         colmax = cols if slot.ndim == 2 else 0
         kernel = self._kernel
         if kernel is None:
-            core: Any = _PyMirror(slot, host, lens, colmax, rows, self.guard)
-            checks: _Checks = core
+            h: Any = StagedBuffer(slot, host, lens, colmax, rows, self.guard)
+            checks: _Checks = h
         else:
             checks = _Checks(slot, host, lens, self.guard)
             table = slot.rows_of_requests
-            core = kernel.Staged(
+            h = kernel.Staged(
                 host, lens, slot.pad.tobytes(), slot.lo, slot.hi, table, slot.index, self.guard.lock, colmax,
                 rows, checks, np.ndarray,
             )  # fmt: skip
         if not self._staged:
             self._targets[name] = t.numpy().reshape(-1)
-        h = StagedBuffer(checks, core)
         self._mirrors[name] = h
+        self._checks[name] = checks
         self.names = frozenset(self._mirrors)
         self.required = self.layout.required.difference(self.names)
         if kernel is not None and not self._staged:
-            self._cores = [x._core for x in self._mirrors.values()]
+            self._cores = list(self._mirrors.values())
             self._core_targets = [self._targets[x.name] for x in self._mirrors.values()]
             self._native = kernel
         elif kernel is not None:  # staged: packed as 4-byte slab words, when every staged buffer is
             words = all(
-                x._c.slot.itemsize % 4 == 0 and x._c.slot.plan.offset % 4 == 0 for x in self._mirrors.values()
+                c.slot.itemsize % 4 == 0 and c.slot.plan.offset % 4 == 0 for c in self._checks.values()
             )
-            self._cores = [x._core for x in self._mirrors.values()]
+            self._cores = list(self._mirrors.values())
             self._core_targets = [None] * len(self._cores)  # type: ignore[list-item]
-            self._bases = [x._c.slot.plan.offset // 4 for x in self._mirrors.values()]
+            self._bases = [c.slot.plan.offset // 4 for c in self._checks.values()]
             self._native = kernel if words else None
         return h
 
@@ -611,9 +590,9 @@ class StagedWrites:
         allocation holds gets them all, and its check names the shortfall."""
         out = {}
         for name in names:
-            c = self._mirrors[name]._c
+            c = self._checks[name]
             live = c.rows if c.slot.rows_of_requests is None else self.layout.rows_at(c.slot, size, n)
-            out[name] = c.host[:live].copy()
+            out[name] = c.state[:live].copy()
         return out
 
     def commit(self, prepared: list[Prepared], size: int, n: int, label: str) -> None:
@@ -671,7 +650,7 @@ class StagedWrites:
         for name, h in mirrors.items():
             if given is not None and name in given:
                 continue
-            m, core = h._c, h._core
+            m, core = self._checks[name], h
             slot = m.slot
             table = slot.rows_of_requests
             live = table[n] if table is not None and n < len(table) else layout.rows_at(slot, size, n)
@@ -686,7 +665,7 @@ class StagedWrites:
                 a, b = one
                 idx = slice(a, max(a, min(b, keep * w)))
             else:
-                idx = h._changed() if core.pending else _EMPTY
+                idx = changed_cells(core) if core.pending else _EMPTY
                 if idx.size and (keep < m.rows):
                     idx = idx[idx < keep * w]
                 if live > shown:  # rows entering the live range: their used width
@@ -698,10 +677,10 @@ class StagedWrites:
                     idx = np.concatenate((idx, ent)) if idx.size else ent
             vals = m.flat[idx]
             if vals.size and (slot.bounded or slot.kind == "f") and not _fits(layout.kernel, slot, vals):
-                region = m.host[:live]
+                region = m.state[:live]
                 check_values(layout, slot, region, name, label)  # raises with a full refresh's message
             colmark = (core.colmax if m.wide else 0) if live else 0
-            cells.append((h, live, idx, vals, live, shown if shown > live else live, cols, colmark))
+            cells.append((m, core, live, idx, vals, live, shown if shown > live else live, cols, colmark))
         return cells
 
     def write(self, cells: list[_CellWrite], prepared: Sequence[Prepared]) -> None:
@@ -711,9 +690,9 @@ class StagedWrites:
         if cells:
             moved = self._write_in_place(cells) if not self._staged else self._upload(cells)
             commit = self._commit
-            for h, live, *_, colmark in cells:
-                h._core.clear()
-                commit.set_mark(h._c.slot.index, live, colmark)
+            for m, core, live, *_, colmark in cells:
+                core.clear()
+                commit.set_mark(m.slot.index, live, colmark)
         if len(prepared) and self._mirrors:
             for p in prepared:
                 m = self._mirrors.get(p.slot.name)
@@ -724,8 +703,7 @@ class StagedWrites:
 
     def _write_in_place(self, cells: list[_CellWrite]) -> int:
         moved = 0
-        for h, _, idx, vals, c0, c1, ccols, _ in cells:
-            m = h._c
+        for m, _, _, idx, vals, c0, c1, ccols, _ in cells:
             t = self._targets[m.slot.name]
             isz = m.slot.itemsize
             if vals.size:
@@ -745,8 +723,7 @@ class StagedWrites:
         indexed write per element size."""
         groups: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         moved = 0
-        for h, _, idx, vals, c0, c1, ccols, _ in cells:
-            m = h._c
+        for m, _, _, idx, vals, c0, c1, ccols, _ in cells:
             slot = m.slot
             isz = slot.itemsize
             base = slot.plan.offset // isz
@@ -824,21 +801,21 @@ class StagedWrites:
         slot, src, dev, n, w = p
         if src is None:
             src = dev.detach().cpu().numpy() if dev is not None else None
-        m, core = h._c, h._core
+        m, core = self._checks[h.name], h
         pad = slot.pad
         top = core.top
         if top > n:
-            m.host[n:top] = pad
+            m.state[n:top] = pad
         if m.wide:
             if src is not None:
-                m.host[:n, :w] = src[:n, :w]
+                m.state[:n, :w] = src[:n, :w]
             if core.colmax > w:
-                m.host[:n, w : core.colmax] = pad
+                m.state[:n, w : core.colmax] = pad
             m.lens[:n] = w  # type: ignore[index]
             m.lens[n : max(n, top)] = 0  # type: ignore[index]
             core.colmax = w if n else 0
         elif src is not None:
-            m.host[:n] = src[:n]
+            m.state[:n] = src[:n]
         core.top = n
         core.clear()
 

@@ -33,6 +33,7 @@ import torch
 
 from graphbuf import GraphbufError, StaticBuffers
 from graphbuf.buffers import native
+from graphbuf.buffers.staged import changed_cells
 
 STEPS = 400
 SPEC = "gemma4-31b-it-mtp"
@@ -167,7 +168,7 @@ def _call(b: StaticBuffers, name: str, op: str, args: list[tuple[str, Any]], kw:
 def _state(b: StaticBuffers, name: str) -> tuple[Any, ...]:
     h = b.stage(name)
     lens = h.lengths.tobytes() if h.host.ndim == 2 else b""
-    return h.host.tobytes(), lens, h.pending, sorted(h._changed().tolist())
+    return h.host.tobytes(), lens, h.pending, sorted(changed_cells(h).tolist())
 
 
 def _same_buffers(a: StaticBuffers, b: StaticBuffers) -> bool:

@@ -18,6 +18,7 @@ from paged_spec import PAGED_SPEC
 
 from graphbuf import GraphbufError, GraphSpec, RefreshError, StaticBuffers, UsageError
 from graphbuf.buffers import native
+from graphbuf.buffers.staged import changed_cells
 from graphbuf.errors import RowsError
 
 SPEC = "gemma4-31b-it-mtp"
@@ -71,7 +72,7 @@ def test_scatter_rows_that_view_the_host_state_write_the_cells_checked(kind: str
     h.scatter(rows, np.array([40, 3], np.int64))  # writing host[1] = 40 must not move the second cell
     assert h.host[:3].tolist() == [1, 40, 3]
     assert h.host[40] == -1  # the pad: never written
-    assert sorted(set(h._changed().tolist())) == [0, 1, 2]
+    assert sorted(set(changed_cells(h).tolist())) == [0, 1, 2]
     b.refresh(48, _rest(12, but=(SM,)), num_reqs=12)
     assert b.full[SM][:3].tolist() == [1, 40, 3] and b.full[SM][40] == -1
 

@@ -12,6 +12,7 @@ import torch
 
 from graphbuf import StaticBuffers
 from graphbuf.buffers import native
+from graphbuf.buffers.staged import changed_cells
 from graphbuf.errors import ConcurrentUseError, RefreshError, RowsError, WidthError
 
 pytestmark = pytest.mark.skipif(native.STAGED is None, reason="the staged-write kernel is not built here")
@@ -72,7 +73,7 @@ def test_every_write_form_gives_the_same_state_on_both_host_states(monkeypatch: 
         if ha.host.ndim == 2:
             assert ha.lengths.tolist() == hb.lengths.tolist(), (name, op)
         assert ha.pending == hb.pending
-        assert sorted(ha._changed().tolist()) == sorted(hb._changed().tolist()), (name, op)
+        assert sorted(changed_cells(ha).tolist()) == sorted(changed_cells(hb).tolist()), (name, op)
     for size, n in ((12, 3), (4, 1), (12, 3)):  # rows enter, leave and enter again
         qsl = {"query_start_loc": QSL["query_start_loc"][: n + 1]}
         a.refresh(size, qsl, num_reqs=n)
