@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "planted"))
 
 #: The fake vllm-ascend fixtures (av1, fake_tree, kernels) of the adapter's patch, routing and plugin tests.
-pytest_plugins = ["vllm_plugin_harness"]
+#: The buffers suite's two backends (``backend``: native and numpy, every test under tests/unit/buffers).
+pytest_plugins = ["vllm_plugin_harness", "backends"]
 
 register_profiles()
 settings.load_profile("ci")  # Hypothesis' plugin loads --hypothesis-profile=NAME over it

@@ -29,23 +29,14 @@ from graphbuf import (
     Step,
     TaskError,
 )
-from graphbuf.buffers import native
 
 Spec = dict[str, Any]
 
 
-@pytest.fixture(params=["kernel", "numpy"])
-def path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run the test on the native kernel (where built) and on the numpy path."""
-    saved = native.KERNEL
-    if request.param == "kernel" and saved is None:
-        pytest.skip("the native kernel is not built here")
-    if request.param == "numpy":
-        native.KERNEL = None
-    try:
-        yield request.param
-    finally:
-        native.KERNEL = saved
+@pytest.fixture
+def path(backend: str) -> str:
+    """The refresh path, by backend (conftest): the native kernel or the numpy path."""
+    return "kernel" if backend == "native" else "numpy"
 
 
 def _paged(**changes: Any) -> StaticBuffers:

@@ -37,6 +37,8 @@ from graphbuf.planning.planner import BufferPlan, Plan
 from graphbuf.spec.models import DTYPES
 from graphbuf.testing import Rejected, batches, bounds, examples, sample, specs
 
+pytestmark = pytest.mark.backends_compared  # compares the backends itself (conftest)
+
 ROOT = Path(__file__).resolve().parents[3]
 KERNEL = native.KERNEL  # as imported: None only where the extension was not built
 SHIPPED_OVERRIDES = {"num_blocks": 64, "max_model_len": 512}

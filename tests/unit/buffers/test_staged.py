@@ -35,14 +35,11 @@ def _state(b: StaticBuffers) -> bytes:
     return b.slab.numpy().tobytes()
 
 
-@pytest.fixture(params=["native", "python"])
-def host_state(request, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Staged buffers' host state: the native one (``graphbuf.buffers._native.Staged``) or the Python one."""
-    if request.param == "python":
-        monkeypatch.setattr(native, "STAGED", None)
-    elif native.STAGED is None:
-        pytest.skip("the staged-write kernel is not built here")
-    return request.param
+@pytest.fixture
+def host_state(backend: str) -> str:
+    """Staged buffers' host state, by backend (conftest): the native one (``graphbuf.buffers._native.Staged``)
+    or the Python one."""
+    return "native" if backend == "native" else "python"
 
 
 @pytest.fixture(params=["in-place", "staged"])
@@ -213,19 +210,19 @@ def test_a_staged_commit_is_one_scatter_per_element_size_not_per_buffer(
     slab words: one indexed write in all (int64 cells are two words each)."""
     b = _buffers(2)
     calls = []
-    real, real_put = torch.Tensor.__setitem__, torch.Tensor.put_
+    real, real_scatter = torch.Tensor.__setitem__, torch.Tensor.scatter_
 
     def spy(self, key, value):  # the scatter: one indexed write per element size
         if isinstance(key, torch.Tensor):
             calls.append((str(self.dtype), key.numel()))
         return real(self, key, value)
 
-    def spy_put(self, key, value):  # padded to a bucket of 64 with copies of the last pair: distinct cells
-        calls.append((str(self.dtype), key.unique().numel()))
-        return real_put(self, key, value)
+    def spy_scatter(self, dim, index, src):  # padded to a bucket of 64 with copies of the last pair: distinct
+        calls.append((str(self.dtype), index.unique().numel()))
+        return real_scatter(self, dim, index, src)
 
     monkeypatch.setattr(torch.Tensor, "__setitem__", spy)
-    monkeypatch.setattr(torch.Tensor, "put_", spy_put)
+    monkeypatch.setattr(torch.Tensor, "scatter_", spy_scatter)
     b.stage(BT).set_row(0, np.array([1, 2, 3], np.int32))
     b.stage("block_table.sliding").set_row(0, np.array([4], np.int32))
     b.stage("seq_lens").set(0, np.array([5], np.int32))
@@ -288,11 +285,13 @@ def test_on_cuda_a_staged_commit_is_one_host_to_device_copy() -> None:
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.skipif(native.KERNEL is None, reason="the packed upload is the native backend's")
-def test_on_cuda_a_full_refresh_is_one_host_to_device_copy() -> None:
+def test_on_cuda_a_full_refresh_is_one_host_to_device_copy(backend: str) -> None:
     """Issue 32 §3: every buffer given whole from the host is one packed upload (at most 2 with
     device-resident sources, which are copied on the device), the contents those of a cpu refresh."""
     from torch.profiler import ProfilerActivity, profile
+
+    if backend != "native":
+        pytest.skip("the packed upload is the native backend's")
 
     b = StaticBuffers(SPEC, overrides={"num_blocks": 64}, device="cuda")
     ref = StaticBuffers(SPEC, overrides={"num_blocks": 64})

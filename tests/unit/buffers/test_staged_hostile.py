@@ -8,7 +8,6 @@ and indices :meth:`set`'s integer rule; every refusal is a typed graphbuf error.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,6 @@ import torch
 from paged_spec import PAGED_SPEC
 
 from graphbuf import GraphbufError, GraphSpec, RefreshError, StaticBuffers, UsageError
-from graphbuf.buffers import native
 from graphbuf.buffers.staged import changed_cells
 from graphbuf.errors import RowsError
 
@@ -25,18 +23,10 @@ SPEC = "gemma4-31b-it-mtp"
 BT, LENS, SM = "block_table.full", "seq_lens", "slot_mapping.full"
 
 
-@pytest.fixture(params=["native", "python"])
-def kind(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The host state the buffers of the test get (chosen when they are built)."""
-    saved = native.STAGED
-    if request.param == "native" and saved is None:
-        pytest.skip("the staged-write kernel is not built here")
-    if request.param == "python":
-        native.STAGED = None
-    try:
-        yield request.param
-    finally:
-        native.STAGED = saved
+@pytest.fixture
+def kind(backend: str) -> str:
+    """The host state the buffers of the test get, by backend (conftest; chosen when they are built)."""
+    return "native" if backend == "native" else "python"
 
 
 def _buffers(copies: int | None = None) -> StaticBuffers:
@@ -230,17 +220,10 @@ def test_staging_zero_is_a_typed_usage_error() -> None:
 # ------------------------------------------------------------------------------ left from the previous pass
 
 
-@pytest.fixture(params=["kernel", "numpy"])
-def path(request: pytest.FixtureRequest) -> Iterator[str]:
-    saved = native.KERNEL
-    if request.param == "kernel" and saved is None:
-        pytest.skip("the native kernel is not built here")
-    if request.param == "numpy":
-        native.KERNEL = None
-    try:
-        yield request.param
-    finally:
-        native.KERNEL = saved
+@pytest.fixture
+def path(backend: str) -> str:
+    """The refresh path, by backend (conftest)."""
+    return "kernel" if backend == "native" else "numpy"
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])

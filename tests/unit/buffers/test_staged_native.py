@@ -15,7 +15,10 @@ from graphbuf.buffers import native
 from graphbuf.buffers.staged import changed_cells
 from graphbuf.errors import ConcurrentUseError, RefreshError, RowsError, WidthError
 
-pytestmark = pytest.mark.skipif(native.STAGED is None, reason="the staged-write kernel is not built here")
+pytestmark = [
+    pytest.mark.backends_compared,
+    pytest.mark.skipif(native.STAGED is None, reason="the staged-write kernel is not built here"),
+]
 
 SPEC = "gemma4-31b-it-mtp"
 BT, LENS, SM = "block_table.full", "seq_lens", "slot_mapping.full"

@@ -20,6 +20,8 @@ from graphbuf.buffers import native
 from graphbuf.errors import RefreshError
 from graphbuf.testing import DecodeBatch, next_step, stage_writes
 
+pytestmark = pytest.mark.backends_compared  # compares the backends itself (conftest)
+
 SPEC = "gemma4-31b-it-mtp"
 OVERRIDES = {"num_blocks": 64, "block_size": 16}  # blocks of 16: a step crosses boundaries often
 KERNEL = native.KERNEL
