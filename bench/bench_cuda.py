@@ -15,7 +15,7 @@ line reads ``cpu proxy: copies2/in_place worst=X``.
   (2026-12-04): one copy per touched buffer (6 on this spec), not one; packing the rectangles into one
   upload in Python made that 1 but cost more host time than it saved (530-560 µs against 145-313 µs). The
   packing is now native (``_staged.pack``: every rectangle up to ``commit.PACK_MAX`` bytes and the staged
-  cells as slab words, one upload, one ``put_``); not yet measured on a device.
+  cells as slab words, one upload, one ``scatter_``); not yet measured on a device.
 * Refresh µs: host time of ``refresh`` (it returns once the upload is queued) and refresh + synchronize.
 * Replay vs eager: ``Gemma4AttentionTask`` decode and verify (2 full-attention layers, Nq 16, Nkv 2,
   head dim 512, bf16) through ``GraphRunner`` on ``StaticBuffers(..., device="cuda")`` at each capture size,

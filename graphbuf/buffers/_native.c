@@ -22,6 +22,15 @@
  *     needs a cast this kernel does not do, its source is misaligned, or a source shares bytes with a buffer
  *     this write touches (the caller then takes the numpy path).
  *
+ * write(targets, items, ends, pads, rows_of, cols_of, words_of, limit) -> (moved, rects, words, rest) | None
+ *     The same write, and the rectangles a packed upload reads (graphbuf.buffers.commit.Committer._split,
+ *     the same result): words_of[i] is slot i's (word start, words per element, row stride in words), or
+ *     None when it does not pack as 4-byte words. Per item, from the marks before the write, its rectangle
+ *     r x c (r = max(n, end if n, rows), c = max(w, cols), 1 for a 1-D buffer) goes into rects as (word
+ *     start, r, c x words per element, row stride) when it is not empty and holds at most limit words, and
+ *     words counts them; otherwise rest gets (item, end, r, c); an item with a device source (item[2] not
+ *     None) whose rectangle packed gets (item, end, 0, c) in rest too (its live cells are copied later).
+ *
  * Every region is checked against the buffers' shapes before the first byte is written.
  */
 #define PY_SSIZE_T_CLEAN
@@ -560,8 +569,54 @@ typedef struct {
     Arr t, src;
     int has_src, cast, zero;
     Py_ssize_t idx, n, w, end, rows, cols;
+    Py_ssize_t r, c; /* the rectangle this write touches, from the marks before it */
     const char *pad;
 } Job;
+
+/* The packed upload's view of a checked write (see write with words_of): (rects, words, rest), or NULL with
+ * an error. words_of has one entry per slot (checked by the caller). */
+static PyObject *split_jobs(const Job *jobs, Py_ssize_t m, PyObject *seq, PyObject *words_of, Py_ssize_t limit) {
+    PyObject *rects = PyList_New(0), *rest = PyList_New(0);
+    Py_ssize_t words = 0;
+    if (rects == NULL || rest == NULL) goto fail;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        const Job *j = &jobs[k];
+        PyObject *it = PyTuple_GET_ITEM(seq, k), *of = PyTuple_GET_ITEM(words_of, j->idx), *t;
+        int dev = PyTuple_GET_ITEM(it, 2) != Py_None;
+        Py_ssize_t v[3] = {0, 0, 0};
+        int packs = of != Py_None && j->r && j->c;
+        if (packs) {
+            if (!PyTuple_Check(of) || PyTuple_GET_SIZE(of) != 3) {
+                PyErr_SetString(PyExc_TypeError, "write: words_of holds (word start, words per element, row stride) or None");
+                goto fail;
+            }
+            for (int q = 0; q < 3; q++)
+                if (as_ssize(PyTuple_GET_ITEM(of, q), &v[q], "a words_of entry") < 0) goto fail;
+            packs = v[1] > 0 && j->r <= limit / v[1] / j->c; /* r * c * per <= limit, without overflow */
+        }
+        if (packs) {
+            t = Py_BuildValue("(nnnn)", v[0], j->r, j->c * v[1], v[2]);
+            if (t == NULL || PyList_Append(rects, t) < 0) {
+                Py_XDECREF(t);
+                goto fail;
+            }
+            Py_DECREF(t);
+            words += j->r * j->c * v[1];
+            if (!dev) continue;
+        }
+        t = Py_BuildValue("(Onnn)", it, j->end, packs ? (Py_ssize_t)0 : j->r, j->c);
+        if (t == NULL || PyList_Append(rest, t) < 0) {
+            Py_XDECREF(t);
+            goto fail;
+        }
+        Py_DECREF(t);
+    }
+    return Py_BuildValue("(NnN)", rects, words, rest);
+fail:
+    Py_XDECREF(rects);
+    Py_XDECREF(rest);
+    return NULL;
+}
 
 static int get_index(PyObject *seq, Py_ssize_t i, Py_ssize_t *out, const char *what) {
     PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
@@ -570,24 +625,27 @@ static int get_index(PyObject *seq, Py_ssize_t i, Py_ssize_t *out, const char *w
 
 static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "write(targets, items, ends, pads, rows_of, cols_of) takes 6 arguments");
+    if (nargs != 6 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "write(targets, items, ends, pads, rows_of, cols_of) takes 6 arguments (8 with words_of, limit)");
         return NULL;
     }
     PyObject *targets = args[0], *items = args[1], *ends = args[2], *pads = args[3];
-    PyObject *rows_of = args[4], *cols_of = args[5];
+    PyObject *rows_of = args[4], *cols_of = args[5], *words_of = nargs == 8 ? args[6] : NULL;
+    Py_ssize_t limit = 0;
     if (!PyList_Check(targets) || !PyList_Check(rows_of) || !PyList_Check(cols_of) || !PyTuple_Check(ends) ||
-        !PyTuple_Check(pads)) {
-        PyErr_SetString(PyExc_TypeError, "write: targets, rows_of, cols_of must be lists; ends, pads tuples");
+        !PyTuple_Check(pads) || (words_of && !PyTuple_Check(words_of))) {
+        PyErr_SetString(PyExc_TypeError, "write: targets, rows_of, cols_of must be lists; ends, pads, words_of tuples");
         return NULL;
     }
+    if (words_of && as_ssize(args[7], &limit, "limit") < 0) return NULL;
     PyObject *seq = PySequence_Tuple(items); /* our own tuple: .index code cannot free an item under us */
     if (seq == NULL) return NULL;
     Py_ssize_t m = PyTuple_GET_SIZE(seq), nslots = PyList_GET_SIZE(targets);
     if (PyTuple_GET_SIZE(ends) != nslots || PyTuple_GET_SIZE(pads) != nslots || PyList_GET_SIZE(rows_of) != nslots ||
-        PyList_GET_SIZE(cols_of) != nslots) {
+        PyList_GET_SIZE(cols_of) != nslots || (words_of && PyTuple_GET_SIZE(words_of) != nslots)) {
         Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "write: targets, ends, pads, rows_of, cols_of differ in length");
+        PyErr_SetString(PyExc_ValueError, "write: targets, ends, pads, rows_of, cols_of, words_of differ in length");
         return NULL;
     }
     Job stack[16];
@@ -597,7 +655,7 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return PyErr_NoMemory();
     }
     if (jobs == stack) memset(stack, 0, sizeof(stack)); /* every Arr starts not held */
-    PyObject *result = NULL;
+    PyObject *result = NULL, *split = NULL;
     static PyObject *index_name = NULL;
     if (index_name == NULL && (index_name = PyUnicode_InternFromString("index")) == NULL) goto done;
     /* Phase 1: resolve and check every item; nothing is written unless all are good. */
@@ -660,6 +718,8 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
                          j->t.nrows, j->t.ncols);
             goto done;
         }
+        j->r = top;
+        j->c = c;
         PyObject *host = PyTuple_GET_ITEM(it, 1);
         j->has_src = host != Py_None;
         j->cast = 1;
@@ -691,6 +751,8 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
             }
         }
     }
+    /* The packed upload's rectangles, made before the first byte is written (an error leaves all as it was). */
+    if (words_of && (split = split_jobs(jobs, m, seq, words_of, limit)) == NULL) goto done;
     /* Phase 2: write. */
     Py_ssize_t copied = 0, moved = 0;
     for (Py_ssize_t k = 0; k < m; k++)
@@ -721,10 +783,7 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
             if (rows > top) fill_rows(t, top, rows, c, j->pad, j->zero);
             newcols = top ? w : 0;
         }
-        Py_ssize_t r = n > rows ? n : rows;
-        if (n && end > r) r = end; /* with no live row there is nothing to repeat */
-        Py_ssize_t c = t->ndim == 2 ? (j->w > j->cols ? j->w : j->cols) : 1;
-        moved += r * c * t->isz;
+        moved += j->r * j->c * t->isz;
         PyObject *a = PyLong_FromSsize_t(top), *b = PyLong_FromSsize_t(newcols);
         if (a == NULL || b == NULL) {
             Py_XDECREF(a);
@@ -738,13 +797,19 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
         if (PyList_SetItem(cols_of, j->idx, b) < 0) goto done;
     }
-    result = PyLong_FromSsize_t(moved);
+    if (split == NULL) {
+        result = PyLong_FromSsize_t(moved);
+    } else { /* (moved, rects, words, rest) */
+        PyObject *rects = PyTuple_GET_ITEM(split, 0), *words = PyTuple_GET_ITEM(split, 1), *rest = PyTuple_GET_ITEM(split, 2);
+        result = Py_BuildValue("(nOOO)", moved, rects, words, rest);
+    }
 done:
     for (Py_ssize_t k = 0; k < m; k++) {
         arr_release(&jobs[k].t);
         arr_release(&jobs[k].src);
     }
     if (jobs != stack) PyMem_Free(jobs);
+    Py_XDECREF(split);
     Py_DECREF(seq);
     return result;
 }

@@ -11,7 +11,7 @@ values), else through numpy. On the cpu the rectangles are written into the slab
 accelerator; a cpu slab on request) they are written into one of ``depth`` host upload copies; then, with
 the native packer (``_staged.pack``), every rectangle of 4-byte elements up to :data:`PACK_MAX` bytes and
 the refresh's staged cells go into one arena as slab word indices and words, uploaded in one non-blocking
-copy and placed by one ``put_`` of the slab viewed as int32 words (device work independent of the
+copy and placed by one ``scatter_`` of the slab viewed as int32 words (device work independent of the
 number of buffers); larger rectangles, narrower elements and (without the packer) every rectangle are
 uploaded one copy each; device-resident sources are copied on the device last. An event recorded after
 the uploads fences each upload copy and its arena: they are reused only after their upload finished, so
@@ -51,6 +51,7 @@ class RefreshStats(NamedTuple):
 
 
 _new_tuple = tuple.__new__
+_NOTHING_STAGED: tuple[list[Any], int, list[int]] = ([], 0, [])  # no staged cells to pack
 
 
 def write_live(
@@ -146,12 +147,12 @@ class Committer:
         self._packer = packer if self.uploads else None
         # Per slot, how its rectangles pack as 4-byte words: (word start, words per column, row stride in
         # words), or None for elements narrower than 4 bytes or a buffer not 4-byte aligned.
-        self._words_of = [
+        self._words_of = tuple(
             (s.plan.offset // 4, s.itemsize // 4, (s.plan.shape[1] if s.ndim == 2 else 1) * (s.itemsize // 4))
             if s.itemsize % 4 == 0 and s.plan.offset % 4 == 0
             else None
             for s in layout.order
-        ]
+        )
         self._arenas: list[_Arena | None] = [None] * len(self._targets)
         self._pin = slab.device.type != "cpu"
         self._slab_t = slab
@@ -202,37 +203,83 @@ class Committer:
         k = self._turn
         if self._events[k] is not None:
             self._events[k].synchronize()  # the upload that last read this upload copy has finished
+        if self._packer is not None:
+            return self._write_packed(k, prepared, size, staged)
         targets = self._targets[k]
-        split = self._split(prepared, size) if self._packer is not None else None
-        touched = self._rectangles(prepared, size) if self.uploads and split is None else None
+        touched = self._rectangles(prepared, size) if self.uploads else None
         kernel = self.layout.kernel
         moved = None
         if kernel is not None:
             moved = kernel.write(targets, prepared, self._ends[size], self._pads, self._rows, self._cols)
         if moved is None:
             moved = self._write_numpy(targets, prepared, size)
-        extra = 0
-        if split is not None:
-            extra = self._upload(k, *split, staged)
-        elif touched is not None:
-            extra = self._copy(k, touched)
         self._refreshes += 1
         self._last = moved
         self._total += moved
-        return extra
+        return self._copy(k, touched) if touched is not None else 0
+
+    def _write_packed(self, k: int, prepared: Sequence[Prepared], size: int, staged: Any) -> int:
+        """:meth:`write` with the packer: the sources into upload copy ``k``; the rectangles they touched
+        (the native write gives them with the write; else :meth:`_split`, before the numpy write) and the
+        staged cells in one packed upload and one indexed write of the slab as int32 words; the rest as
+        :meth:`_copy` does. Returns the staged bytes (-1: not packed)."""
+        targets, rows, cols = self._targets[k], self._rows, self._cols
+        kernel = self.layout.kernel
+        got = None
+        if kernel is not None:
+            got = kernel.write(targets, prepared, self._ends[size], self._pads, rows, cols, self._words_of,
+                               PACK_MAX // 4)  # fmt: skip
+        if got is None:
+            rects, rect_words, rest = self._split(prepared, size)
+            moved = self._write_numpy(targets, prepared, size)
+        else:
+            moved, rects, rect_words, rest = got
+            if rest:
+                rest = [(self._own(p), end, r, c) for p, end, r, c in rest]
+        self._refreshes += 1
+        self._last = moved
+        self._total += moved
+        cores, n, bases = staged if staged is not None else _NOTHING_STAGED
+        pack = self._packer.pack  # type: ignore[union-attr]
+        image = self._images[k]
+        arena = self._arenas[k] or self._arena(k, 0)
+        got = pack(rects, image, cores, n, rows, cols, bases, arena.host)
+        if type(got) is int:  # more than the arena holds (-got words): a larger one, the same call
+            arena = self._arena(k, -got)
+            got = pack(rects, image, cores, n, rows, cols, bases, arena.host)
+        unread = got is None
+        if unread:  # a staged core it cannot read: the rectangles alone
+            got = pack(rects, image, [], 0, rows, cols, [], arena.host)
+        pairs, bucket, runs = got
+        run_words = sum(n for _, n in runs) if runs else 0
+        if pairs or run_words:
+            arena.place(self._words, pairs, bucket, runs, run_words)
+        if rest:
+            self._copy(k, rest)
+        else:
+            self._fence(k)
+        return -1 if unread else 4 * (pairs + run_words - rect_words) if staged is not None else 0
 
     def _rectangles(self, prepared: Sequence[Prepared], size: int) -> list[tuple[Prepared, int, int, int]]:
         """Per source, before its write: (prepared, end, rows, cols) of the rectangle it will touch. A device
         source in the slab's own storage is cloned first: an upload before its copy could change it."""
         out = []
         for p in prepared:
-            slot, host, dev, n, w = p
-            if dev is not None and dev.untyped_storage().data_ptr() == self._slab_storage:
-                p = (slot, host, dev.clone(), n, w)
+            slot, _, dev, n, w = p
+            if dev is not None:
+                p = self._own(p)
             i = slot.index
             end = self._ends[size][i]
             out.append((p, end, *_rectangle(slot, n, w, end, self._rows[i], self._cols[i])))
         return out
+
+    def _own(self, p: Prepared) -> Prepared:
+        """``p`` with its device source cloned when it lies in the slab's own storage: an upload before its
+        copy could change it."""
+        dev = p[2]
+        if dev is None or dev.untyped_storage().data_ptr() != self._slab_storage:
+            return p
+        return (p[0], p[1], dev.clone(), p[3], p[4])  # type: ignore[return-value]
 
     def _write_numpy(self, targets: list[np.ndarray], prepared: Sequence[Prepared], size: int) -> int:
         """The write through numpy: every source with :func:`write_live`; return the bytes touched. A
@@ -258,12 +305,13 @@ class Committer:
         """:meth:`_rectangles` for the packed upload, before the write: the rectangles that pack (4-byte
         elements, up to :data:`PACK_MAX` bytes) as (word start, rows, row words, row stride in words), their
         words, and the rest as :meth:`_copy` takes them (larger rectangles; a device-resident source's live
-        cells, copied on the device after the placement)."""
+        cells, copied on the device after the placement). The native write with ``words_of`` gives the same
+        (``tests/unit/buffers/test_packed_upload.py`` holds the two to it)."""
         rects, rest = [], []
         rect_words = 0
         rows_of, cols_of, ends, words_of = self._rows, self._cols, self._ends[size], self._words_of
         for p in prepared:
-            slot, host, dev, n, w = p
+            slot, _, dev, n, w = p
             i = slot.index
             r, end = rows_of[i], ends[i]  # the rectangle, as _rectangle gives it (inlined: the hot path)
             if n > r:
@@ -273,8 +321,8 @@ class Committer:
             c = cols_of[i] if slot.ndim == 2 else 1
             if slot.ndim == 2 and w > c:
                 c = w
-            if dev is not None and dev.untyped_storage().data_ptr() == self._slab_storage:
-                p = (slot, host, dev.clone(), n, w)
+            if dev is not None:
+                p = self._own(p)
             of = words_of[i]  # (word start, words per column, row stride in words), or None
             if of is not None and r and c and r * c * of[1] <= PACK_MAX // 4:
                 rects.append((of[0], r, c * of[1], of[2]))
@@ -284,38 +332,6 @@ class Committer:
             else:
                 rest.append((p, end, r, c))
         return rects, rect_words, rest
-
-    def _upload(
-        self,
-        k: int,
-        rects: list[tuple[int, int, int, int]],
-        rect_words: int,
-        rest: list[tuple[Prepared, int, int, int]],
-        staged: tuple[Any, ...] | None,
-    ) -> int:
-        """The rectangles of :meth:`_split` and the staged cells in one packed upload and one indexed write
-        of the slab as int32 words; ``rest`` as :meth:`_copy` does. Returns the staged bytes (-1: not
-        packed)."""
-        cores, n, bases = staged if staged is not None else ([], 0, [])
-        rows, cols = self._rows, self._cols
-        packer: Any = self._packer
-        arena = self._arenas[k] or self._arena(k, 0)
-        got = packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
-        if type(got) is int:  # more than the arena holds (-got words): a larger one, the same call
-            arena = self._arena(k, -got)
-            got = packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
-        unread = got is None
-        if unread:  # a staged core it cannot read: the rectangles alone
-            got = packer.pack(rects, self._images[k], [], 0, rows, cols, [], arena.host)
-        pairs, bucket, runs = got
-        total = pairs + sum(n for _, n in runs) if runs else pairs
-        if total:
-            arena.place(self._words, pairs, bucket, runs)
-        if rest:
-            self._copy(k, rest)
-        else:
-            self._fence(k)
-        return -1 if unread else 4 * (total - rect_words) if staged is not None else 0
 
     def _arena(self, k: int, words: int) -> _Arena:
         """Word arena ``k`` (the upload of upload copy ``k`` reads it, behind its event), with room for
@@ -357,44 +373,58 @@ class Committer:
 
 class _Arena:
     """A packed upload's memory: host bytes (pinned off the cpu) with room for ``cap`` pairs (a power of two)
-    and ``cap`` run words and, off the cpu, as many device bytes; per bucket ``b`` of pairs the views an
-    upload uses, made once (the packer pads the pairs to a bucket)."""
+    and ``cap`` run words and, off the cpu, as many device bytes. The packer pads the pairs to a bucket
+    ``b`` (:func:`_buckets`); the views an upload of each bucket uses are made with the arena, none per
+    refresh."""
 
     def __init__(self, words: int, pin: bool, device: torch.device) -> None:
         self.cap = 1 << max(words - 1, 63).bit_length()
         self._host_t = torch.empty(16 * self.cap, dtype=torch.uint8, pin_memory=pin)
         self.host = self._host_t.numpy()
         self._dev_t = torch.empty(16 * self.cap, dtype=torch.uint8, device=device) if pin else None
-        self._views: dict[int, tuple[Any, ...]] = {}
+        on = self._dev_t if self._dev_t is not None else self._host_t
+        self._w64, self._w32 = on.view(torch.int64), on.view(torch.int32)
+        self._views = {b: self._views_of(b) for b in _buckets(self.cap)}
 
-    def place(self, words: torch.Tensor, pairs: int, b: int, runs: list[tuple[int, int]]) -> None:
+    def _views_of(self, b: int) -> tuple[torch.Tensor, ...]:
+        """Bucket ``b``'s word indices and words (as the placement reads them) and, off the cpu, the host
+        and device bytes of its upload."""
+        if self._dev_t is None:
+            return self._w64[:b], self._w32[2 * b : 3 * b]
+        return self._w64[:b], self._w32[2 * b : 3 * b], self._host_t[: 12 * b], self._dev_t[: 12 * b]
+
+    def place(
+        self, words: torch.Tensor, pairs: int, b: int, runs: list[tuple[int, int]], run_words: int
+    ) -> None:
         """Upload what the packer wrote (off the cpu: one copy), then place it in ``words`` (the slab as int32
-        words): ``pairs`` (indices, words) padded to ``b`` by one ``put_``, each run by one copy."""
+        words): ``pairs`` (indices, words) padded to ``b`` by one ``scatter_``, each of the ``runs``
+        (``run_words`` words in all, from word ``3 b`` of the arena) by one copy."""
         views = self._views.get(b)
-        if views is None:
-            on = self._dev_t if self._dev_t is not None else self._host_t
-            views = (
-                self._host_t[: 12 * b],
-                on[: 12 * b],
-                on[: 8 * b].view(torch.int64),
-                on[8 * b : 12 * b].view(torch.int32),
-            )
-            self._views[b] = views
-        host, dev, idx, val = views
-        if runs:
-            end = 12 * b + 4 * sum(n for _, n in runs)
-            if self._dev_t is not None:
+        if views is None:  # not a bucket of _buckets: made now, once
+            views = self._views[b] = self._views_of(b)
+        if self._dev_t is not None:
+            if runs:
+                end = 12 * b + 4 * run_words
                 self._dev_t[:end].copy_(self._host_t[:end], non_blocking=True)
-        elif self._dev_t is not None:
-            dev.copy_(host, non_blocking=True)
+            else:
+                views[3].copy_(views[2], non_blocking=True)
         if pairs:
-            words.put_(idx, val)
-        if runs:
-            src = (self._dev_t if self._dev_t is not None else self._host_t)[12 * b : end].view(torch.int32)
-            at = 0
-            for dst, n in runs:
-                words[dst : dst + n].copy_(src[at : at + n])
-                at += n
+            words.scatter_(0, views[0], views[1])
+        at = 3 * b
+        for dst, n in runs:
+            words[dst : dst + n].copy_(self._w32[at : at + n])
+            at += n
+
+
+def _buckets(cap: int) -> list[int]:
+    """The pair counts the packer pads to, up to ``cap``: 64, or the count rounded up to an eighth of the
+    power of two below it (``_staged.c``, ``gb_pack``)."""
+    out = [64]
+    top = 64
+    while top < cap:
+        out += [top + m * (top // 8) for m in range(1, 9) if top + m * (top // 8) <= cap]
+        top *= 2
+    return out
 
 
 def _rectangle(slot: ResolvedBuffer, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:

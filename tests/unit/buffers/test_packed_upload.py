@@ -1,0 +1,161 @@
+"""The packed upload (issue 32 §3), driven on a cpu slab: the rectangles the native write gives with the
+write are ``Committer._split``'s, the arena holds the views of every bucket the packer pads to, and one
+placement (one ``scatter_`` of the pairs, one copy per run) leaves the words the packer read."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from graphbuf import StaticBuffers
+from graphbuf.buffers import commit, native
+from graphbuf.testing import examples
+
+KERNEL, STAGED = native.KERNEL, native.STAGED  # as built: this module compares the kernel to Python itself
+pytestmark = [
+    pytest.mark.backends_compared,  # run once (conftest)
+    pytest.mark.skipif(STAGED is None, reason="the native backend is not built here"),
+]
+
+DEV = torch.zeros(1)  # stands for a device source: the split only asks whether there is one
+
+
+@st.composite
+def write_case(draw: Any) -> dict[str, Any]:
+    """Slots of 1- to 8-byte elements (1-D or 2-D), their marks and ends, and items with a host source, no
+    source, or a device source."""
+    targets, slots, pads, ends, rows_of, cols_of = [], [], [], [], [], []
+    for i in range(draw(st.integers(1, 3))):
+        dtype = np.dtype(draw(st.sampled_from(("int8", "int16", "int32", "int64", "float32"))))
+        two = draw(st.booleans())
+        shape = (draw(st.integers(0, 6)), draw(st.integers(0, 5))) if two else (draw(st.integers(0, 8)),)
+        repeat = draw(st.booleans())
+        targets.append(np.zeros(shape, dtype))
+        slots.append(SimpleNamespace(index=i, pad=np.array(0, dtype), repeat_last=repeat, ndim=len(shape)))
+        pads.append(bytes(dtype.itemsize))
+        ends.append(draw(st.integers(0, shape[0])) if repeat else 0)
+        rows_of.append(draw(st.integers(0, shape[0])))
+        cols_of.append(draw(st.integers(0, shape[1])) if two else 0)
+    items = []
+    for i in draw(st.lists(st.integers(0, len(targets) - 1), unique=True, max_size=len(targets))):
+        t = targets[i]
+        n = draw(st.integers(0, t.shape[0]))
+        w = draw(st.integers(0, t.shape[1])) if t.ndim == 2 else 0
+        src = draw(st.sampled_from(("host", "none", "device")))
+        host = np.full((n, w) if t.ndim == 2 else (n,), 7, t.dtype) if src == "host" else None
+        items.append((slots[i], host, DEV if src == "device" else None, n, w))
+    words_of = tuple(
+        (5 * i, t.itemsize // 4, (t.shape[1] if t.ndim == 2 else 1) * (t.itemsize // 4))
+        if t.itemsize % 4 == 0
+        else None
+        for i, t in enumerate(targets)
+    )
+    return {"targets": targets, "items": items, "ends": tuple(ends), "pads": tuple(pads), "rows_of": rows_of,
+            "cols_of": cols_of, "words_of": words_of}  # fmt: skip
+
+
+@settings(max_examples=examples(300))
+@given(write_case(), st.integers(0, 40))
+def test_the_native_write_gives_the_rectangles_split_gives(case: dict[str, Any], limit: int) -> None:
+    """write(..., words_of, limit): the same write as without them, and the packed upload's rectangles, their
+    words and the rest exactly as ``Committer._split`` computes them from the marks before the write (device
+    sources, rectangles over the limit and elements narrower than 4 bytes included)."""
+    kernel: Any = KERNEL
+    targets, items, ends, pads = case["targets"], case["items"], case["ends"], case["pads"]
+    marks = (case["rows_of"], case["cols_of"])
+    fake = SimpleNamespace(_rows=list(marks[0]), _cols=list(marks[1]), _ends={0: ends},
+                           _words_of=case["words_of"], _own=lambda p: p)  # fmt: skip
+    with mock.patch.object(commit, "PACK_MAX", 4 * limit):
+        want = commit.Committer._split(fake, items, 0)  # type: ignore[arg-type]
+    plain = [t.copy() for t in targets]
+    plain_marks = (list(marks[0]), list(marks[1]))
+    moved = kernel.write(plain, items, ends, pads, *plain_marks)
+    ours = [t.copy() for t in targets]
+    our_marks = (list(marks[0]), list(marks[1]))
+    got = kernel.write(ours, items, ends, pads, *our_marks, case["words_of"], limit)
+    assert moved is not None  # same dtypes, contiguous sources: the kernel writes them
+    assert got == (moved, *want)
+    assert [t.tobytes() for t in ours] == [t.tobytes() for t in plain] and our_marks == plain_marks
+
+
+@pytest.mark.parametrize(
+    ("words_of", "error"),
+    [((None, None), ValueError), ([None] * 3, TypeError), (((0, 1), None, None), TypeError),
+     (((0, -1, 3), None, None), ValueError), (((0, "1", 3), None, None), TypeError)],
+)  # fmt: skip
+def test_the_native_write_refuses_a_bad_words_of_before_writing(words_of: Any, error: type) -> None:
+    kernel: Any = KERNEL
+    targets = [np.full((4, 3), 5, np.int32), np.full(6, 5, np.int64), np.full(2, 5, np.int32)]
+    slot = SimpleNamespace(index=0, pad=np.array(0, np.int32), repeat_last=False)
+    items = [(slot, np.ones((2, 3), np.int32), None, 2, 3)]
+    rows_of, cols_of = [0, 0, 0], [0, 0, 0]
+    with pytest.raises(error):
+        kernel.write(
+            targets, items, (0, 0, 0), (bytes(4), bytes(8), bytes(4)), rows_of, cols_of, words_of, 100
+        )
+    assert (targets[0] == 5).all() and rows_of == [0, 0, 0] and cols_of == [0, 0, 0]
+
+
+def test_the_arena_holds_the_views_of_every_bucket_the_packer_pads_to() -> None:
+    """``_buckets(cap)`` is the set of pair counts pack pads to (none is made during a refresh): at every
+    bucket's edges, pack's bucket is the smallest of them that holds the pairs."""
+    cap = 4096
+    buckets = commit._buckets(cap)
+    assert set(commit._Arena(cap, False, torch.device("cpu"))._views) == set(buckets)
+    image = np.arange(2 * cap, dtype=np.int32)
+    arena = np.zeros(16 * cap, dtype=np.uint8)
+    for k in sorted({b + d for b in buckets for d in (-1, 0, 1) if 1 <= b + d <= cap}):
+        got = STAGED.pack([(0, k, 1, 2)], image, [], 0, [], [], [], arena)  # k one-word spans
+        assert isinstance(got, tuple), (k, got)
+        pairs, b, runs = got
+        assert pairs == k and not runs
+        assert b == min(x for x in buckets if x >= k), (k, b)
+
+
+def test_one_placement_leaves_the_words_the_packer_read() -> None:
+    """Pairs (one scatter_) and runs (one copy each, from word 3 b of the arena), at two buckets in turn."""
+    image = np.arange(5, 5 + 16384, dtype=np.int32)
+    arena = commit._Arena(1 << 13, False, torch.device("cpu"))
+    words = torch.zeros(16384, dtype=torch.int32)
+    want = np.zeros(16384, dtype=np.int32)
+    for rects in ([(0, 1, 2048, 2048), (3000, 5, 3, 10), (4000, 1, 2047, 2047), (9000, 1, 2500, 2500)],
+                  [(12000, 70, 1, 3)]):  # fmt: skip
+        pairs, b, runs = STAGED.pack(rects, image, [], 0, [], [], [], arena.host)
+        arena.place(words, pairs, b, runs, sum(n for _, n in runs))
+        for start, rows, length, stride in rects:
+            for r in range(rows):
+                at = start + r * stride
+                want[at : at + length] = image[at : at + length]
+        np.testing.assert_array_equal(words.numpy(), want)
+    assert len(runs) == 0 and pairs == 70
+
+
+def test_a_source_the_kernel_leaves_to_numpy_packs_as_split_gives() -> None:
+    """A misaligned source (the native write answers None): the numpy write and ``_split``, the same bytes
+    in the slab as the in-place refresh."""
+    spec = "gemma4-31b-it-mtp"
+    ours, ref = StaticBuffers(spec, upload_copies=2), StaticBuffers(spec)
+    rng = np.random.default_rng(3)
+    slots = {s.name: s for s in ours.layout.order}
+    for n in (3, 1, 4, 2):
+        size = next(s for s in ours.capture_sizes if s >= 4 * n)
+        src = {}
+        for name in ours.names:
+            shape = ours.full[name].shape
+            dtype = ours.full[name].numpy().dtype
+            rows = ours.layout.rows_at(slots[name], size, n)
+            live = np.sort(rng.integers(0, 4, (rows, *shape[1:2]))).astype(dtype)
+            raw = np.zeros(live.nbytes + 1, np.uint8)[1:]  # one byte off: misaligned for the kernel
+            src[name] = np.frombuffer(raw, dtype=dtype).reshape(live.shape)
+            src[name][...] = live
+        src["query_start_loc"] = np.arange(0, 4 * (n + 1), 4, dtype=np.int32)
+        assert ours.refresh(size, src) == ref.refresh(size, src) == n
+        for name in ours.names:
+            assert torch.equal(ours.full[name], ref.full[name]), name
