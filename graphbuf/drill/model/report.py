@@ -60,6 +60,7 @@ class DtypeRun:
     def as_dict(self) -> dict[str, Any]:
         r = self.result
         steps = sum(r.accepted.values())
+        accepted = sum(a * n for a, n in r.accepted.items())
         return {
             "dtype": self.dtype, "ok": self.ok, "requests": self.requests, "steps": r.steps,
             "mtp_off_steps": r.decode_steps, "dp_padded_steps": r.dp_padded_steps, "prefills": r.prefills,
@@ -71,6 +72,7 @@ class DtypeRun:
             "accepted_per_request_step": {str(a): n for a, n in sorted(r.accepted.items())},
             "accepted_by_step": r.accepted_by_step,
             "mean_accepted": (sum(a * n for a, n in r.accepted.items()) / steps) if steps else None,
+            "acceptance_rate": (accepted / r.drafter.positions) if r.drafter.positions else None,
             "batch_sizes": {str(b): n for b, n in sorted(r.batch_sizes.items())},
             "replays_by_size": {
                 k: {str(s): n for s, n in sorted(v.items())} for k, v in self.replays.items()
@@ -111,7 +113,11 @@ class DtypeRun:
             ),
             "  accepted drafts per request-step: "
             + ", ".join(f"{a}: {n}" for a, n in d["accepted_per_request_step"].items())
-            + (f" (mean {d['mean_accepted']:.2f})" if d["mean_accepted"] is not None else "")
+            + (
+                f" (mean {d['mean_accepted']:.2f}, {100 * d['acceptance_rate']:.0f} % of drafts)"
+                if d["mean_accepted"] is not None
+                else ""
+            )
             + "; per verify step: " + " ".join(r.accepted_by_step),
             "  live requests per step: " + ", ".join(f"{b}: {n}" for b, n in d["batch_sizes"].items()),
             f"  replays per capture size: {replays}; eager steps {d['eager_steps']} (prefills: only decode "

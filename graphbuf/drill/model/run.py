@@ -40,7 +40,7 @@ from .paged import FAULTS, PagedAssistant, PagedGemma4
 from .replay_file import load_model_replay
 from .report import DtypeRun, ModelDrillReport
 from .serve import Request, Scenario, Server, ServeResult
-from .tiny import MODEL_CONSTANTS, build_assistant, build_model
+from .tiny import MODEL_CONSTANTS, build_models
 
 __all__ = [
     "MODELS",
@@ -138,10 +138,8 @@ class ModelSession:
         self.plan = plan(faulty, overrides=over)
         key = (tuple(sorted((n, self.plan.constants[n]) for n in MODEL_CONSTANTS)), dtype, model_seed, device)
         if key not in _MODELS:
-            torch_dtype = _DTYPES[dtype]
-            _MODELS[key] = (
-                build_model(self.plan.constants, dtype=torch_dtype, seed=model_seed, device=device),
-                build_assistant(self.plan.constants, dtype=torch_dtype, seed=model_seed, device=device),
+            _MODELS[key] = build_models(
+                self.plan.constants, dtype=_DTYPES[dtype], seed=model_seed, device=device
             )
         model, assistant = (copy.deepcopy(m) for m in _MODELS[key])  # this session's own
         self.model = model

@@ -403,10 +403,38 @@ class Server:
     # --- drafts ---------------------------------------------------------------------------------------------
 
     def _draft(self, step: int, live: list[_Live], result: ServeResult) -> dict[int, list[int]]:
-        """``k`` drafts per live request through the draft runner, each checked (layer 1, and against
-        transformers' assistant over the same K/V)."""
+        """``k`` drafts per live request through the draft runner, each checked by layer 1, then all of the
+        step's drafts against one batched forward of transformers' assistant over the same K/V."""
         n = len(live)
-        seq = [e.computed for e in live]
+        sources = self._draft_sources(live)
+        tokens = [e.out[-1] for e in live]
+        hidden = torch.stack([e.hidden for e in live])
+        size = self.draft.size_for(n)
+        inputs: list[tuple[list[int], torch.Tensor]] = []  # per draft: the tokens and hidden states it read
+        rows: list[torch.Tensor] = []  # per draft: the logits the replay gave
+        for _ in range(self.k):
+            self.assistant.hidden_in[:n].copy_(hidden)
+            sources["input_ids"] = np.asarray(tokens, dtype=np.int64)
+            logits, out = (t.clone() for t in self.draft.run(sources, num_reqs=n))
+            if size is not None:
+                want, want_hidden = self.assistant(Step(size, self.draft.buffers.view(size), None, {}, n))
+                problem = logits_differ(logits, want[:n], 0.0) or logits_differ(out, want_hidden[:n], 0.0)
+                result.draft_replay_eager.add(step, problem)
+            inputs.append((tokens, hidden))
+            rows.append(logits)
+            tokens, hidden = logits.argmax(-1).tolist(), out
+        theirs = self._reference_drafts(live, inputs)  # [k, n, vocab]
+        drafts: dict[int, list[int]] = {}
+        for r, e in enumerate(live):
+            ours = torch.stack([x[r] for x in rows])
+            drafts[e.index] = ours.argmax(-1).tolist()
+            result.drafter.add(e.index, drafts[e.index], ours, theirs[:, r])
+        return drafts
+
+    def _draft_sources(self, live: list[_Live]) -> dict[str, np.ndarray]:
+        """The draft step's sources but its token ids: every draft of a step at the request's last target
+        position, over the target's KV length, through both groups' block tables."""
+        n, seq = len(live), [e.computed for e in live]
         sources: dict[str, np.ndarray] = {
             "positions": np.asarray([s - 1 for s in seq], dtype=np.int64),
             "seq_lens": np.asarray(seq, dtype=np.int32),
@@ -418,47 +446,44 @@ class Server:
             for i, t in enumerate(tables):
                 table[i, : len(t)] = t
             sources[f"block_table.{g}"] = table
-        tokens = [e.out[-1] for e in live]
-        hidden = torch.stack([e.hidden for e in live])
-        drafts: dict[int, list[int]] = {e.index: [] for e in live}
-        size = self.draft.size_for(n)
-        for _ in range(self.k):
-            self.assistant.hidden_in[:n].copy_(hidden)
-            sources["input_ids"] = np.asarray(tokens, dtype=np.int64)
-            logits, out = (t.clone() for t in self.draft.run(sources, num_reqs=n))
-            if size is not None:
-                want, want_hidden = self.assistant(Step(size, self.draft.buffers.view(size), None, {}, n))
-                problem = logits_differ(logits, want[:n], 0.0) or logits_differ(out, want_hidden[:n], 0.0)
-                result.draft_replay_eager.add(step, problem)
-            for r, e in enumerate(live):
-                theirs = self._reference_draft(e, tokens[r], hidden[r])
-                result.drafter.add(e.index, [int(logits[r].argmax())], logits[r : r + 1], theirs)
-            tokens = logits.argmax(-1).tolist()
-            hidden = out
-            for e, t in zip(live, tokens):
-                drafts[e.index].append(t)
-        return drafts
+        return sources
 
-    def _reference_draft(self, e: _Live, token: int, hidden: torch.Tensor) -> torch.Tensor:
-        """transformers' ``Gemma4AssistantForCausalLM`` forward for one request: the target's K/V of its last
-        sliding and full layers gathered through the request's own block lists (no graphbuf buffer)."""
-        length = e.computed
+    def _reference_drafts(
+        self, live: list[_Live], inputs: list[tuple[list[int], torch.Tensor]]
+    ) -> torch.Tensor:
+        """transformers' ``Gemma4AssistantForCausalLM`` forward for every draft of the step at once (``[k,
+        n, vocab]``): one row per draft and request, the target's K/V of its last sliding and full layers
+        gathered through each request's own block lists (no graphbuf buffer), left-padded to the longest
+        and masked."""
+        lengths = [e.computed for e in live]
+        width = max(lengths)
+        spans = {"sliding": min(self.window, width), "full": width}  # the sliding KV: the last window tokens
         shared = {}
         for g, kind in (("sliding", "sliding_attention"), ("full", "full_attention")):
-            first = max(0, length - self.window) if g == "sliding" else 0
-            slots = self._tensor([self._slot(e, g, p) for p in range(first, length)], torch.int64)
             key_cache, value_cache = self.target.caches[self.target.last_layer[g]]
-            kv = [c.view(-1, *c.shape[2:]).index_select(0, slots) for c in (key_cache, value_cache)]
-            shared[kind] = tuple(t.transpose(0, 1).unsqueeze(0) for t in kv)  # [1, Nkv, L, D]
-        target = self.target.model.model
+            span = spans[g]
+            kv = key_cache.new_zeros((2, len(live), span, *key_cache.shape[2:]))
+            for r, (e, length) in enumerate(zip(live, lengths)):
+                first = max(0, length - span)
+                slots = self._tensor([self._slot(e, g, p) for p in range(first, length)], torch.int64)
+                for c, cache in enumerate((key_cache, value_cache)):
+                    kv[c, r, span - (length - first) :] = cache.view(-1, *cache.shape[2:]).index_select(
+                        0, slots
+                    )
+            shared[kind] = tuple(
+                t.transpose(1, 2).repeat(len(inputs), 1, 1, 1) for t in kv
+            )  # [k n, Nkv, L, D]
+        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=self.device)
+        tokens = self._tensor([t for toks, _ in inputs for t in toks], torch.int64).unsqueeze(1)
+        hidden = torch.cat([h for _, h in inputs]).unsqueeze(1)
+        positions = self._tensor([n - 1 for n in lengths] * len(inputs), torch.int64).unsqueeze(1)
         with torch.no_grad():
-            embedding = target.embed_tokens(self._tensor([[token]], torch.int64))
-            joined = torch.cat([embedding, hidden.view(1, 1, -1)], dim=-1)
+            joined = torch.cat([self.target.model.model.embed_tokens(tokens), hidden], dim=-1)
             out = self.reference_assistant(
-                inputs_embeds=joined, position_ids=self._tensor([[length - 1]], torch.int64),
-                shared_kv_states=shared, attention_mask=None,
+                inputs_embeds=joined, position_ids=positions, shared_kv_states=shared,
+                attention_mask=mask.repeat(len(inputs), 1),
             )  # fmt: skip
-        return out.logits[0].float()
+        return out.logits[:, 0].float().view(len(inputs), len(live), -1)
 
 
 def _pairs(kv: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
