@@ -346,7 +346,12 @@ def cpu_proxy(quick: bool = False, steps: int = 60) -> dict[str, Any]:
     then ``refresh(size, {query_start_loc}, num_reqs=n)``) on a slab with ``upload_copies=2`` (host pack, the
     upload's code path, the placement; no device) against the same step written in place, interleaved, at
     every live count of bench_steps. torch runs one intra-op thread here: on a loaded 2-core machine its
-    second OpenMP worker is descheduled for milliseconds inside the placement, which measures the machine."""
+    second OpenMP worker is descheduled for milliseconds inside the placement, which measures the machine.
+
+    Measured 2026-12-05 (2 loaded cores, 3 runs): worst 1.76-1.80, 1.41-1.58 at 64-256 live with block 128,
+    1.68-1.80 at 1-8 live where the in-place step takes 3.8-4.1 µs. There the placement's one ``scatter_``
+    costs ~1.8 µs (~1.4 µs alone); with the placement removed the ratio is 1.3, so <= 1.5 at 1-8 live needs
+    a placement under ~0.8 µs, which no torch op on a cpu tensor gives here (put_ is ~0.2 µs cheaper)."""
     from common import decode_spec
 
     threads = torch.get_num_threads()
