@@ -592,7 +592,11 @@ static PyObject *split_jobs(const Job *jobs, Py_ssize_t m, PyObject *seq, PyObje
             }
             for (int q = 0; q < 3; q++)
                 if (as_ssize(PyTuple_GET_ITEM(of, q), &v[q], "a words_of entry") < 0) goto fail;
-            packs = v[1] > 0 && j->r <= limit / v[1] / j->c; /* r * c * per <= limit, without overflow */
+            if (v[1] == 0) {
+                PyErr_SetString(PyExc_ValueError, "write: words per element must be >= 1");
+                goto fail;
+            }
+            packs = j->r <= limit / v[1] / j->c; /* r * c * per <= limit, without overflow */
         }
         if (packs) {
             t = Py_BuildValue("(nnnn)", v[0], j->r, j->c * v[1], v[2]);

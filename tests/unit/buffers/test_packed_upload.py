@@ -88,7 +88,8 @@ def test_the_native_write_gives_the_rectangles_split_gives(case: dict[str, Any],
 @pytest.mark.parametrize(
     ("words_of", "error"),
     [((None, None), ValueError), ([None] * 3, TypeError), (((0, 1), None, None), TypeError),
-     (((0, -1, 3), None, None), ValueError), (((0, "1", 3), None, None), TypeError)],
+     (((0, -1, 3), None, None), ValueError), (((0, 0, 3), None, None), ValueError),
+     (((0, "1", 3), None, None), TypeError)],
 )  # fmt: skip
 def test_the_native_write_refuses_a_bad_words_of_before_writing(words_of: Any, error: type) -> None:
     kernel: Any = KERNEL
