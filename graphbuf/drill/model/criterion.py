@@ -53,14 +53,16 @@ def logits_differ(got: torch.Tensor, want: torch.Tensor, tol: float) -> str | No
 
 
 def caches_differ(got: KV, want: KV, tol: float, *, blocks: int | None = None) -> str | None:
-    """None when every layer's K and V caches agree within ``tol`` over their first ``blocks`` blocks (all
-    when None), else the first layer, cache and block that differ."""
+    """None when every layer's K and V caches are bit-identical over their first ``blocks`` blocks (all when
+    None), or agree within ``tol`` where they differ (``tol`` > 0), else the first layer, cache and block that
+    differ."""
     for layer, (pair_got, pair_want) in enumerate(zip(got, want)):
         for name, a, b in (("K", pair_got[0], pair_want[0]), ("V", pair_got[1], pair_want[1])):
             a, b = a[:blocks], b[:blocks]
-            if torch.equal(a, b):
+            bits_a, bits_b = _bits(a), _bits(b)
+            if torch.equal(bits_a, bits_b):
                 continue
-            changed = (a != b).flatten(1).any(dim=1).nonzero().flatten()  # the blocks that differ at all
+            changed = (bits_a != bits_b).flatten(1).any(dim=1).nonzero().flatten()  # blocks differing at all
             a, b = a[changed].float(), b[changed].float()
             if tol > 0 and torch.allclose(a, b, rtol=tol, atol=tol):
                 continue
@@ -68,6 +70,11 @@ def caches_differ(got: KV, want: KV, tol: float, *, blocks: int | None = None) -
             block = int(changed[diff.flatten(1).max(dim=1).values.argmax()])
             return f"layer {layer} {name} cache differs in block {block} by up to {float(diff.max()):.3g}"
     return None
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes as integers of its element size (a bitwise comparison, and faster than a float one)."""
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size(), t.dtype))
 
 
 @dataclass

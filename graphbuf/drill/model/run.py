@@ -13,7 +13,9 @@ as JSON, and ``--replay FILE`` serves exactly that scenario again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import gc
 import importlib.util
 import json
 import os
@@ -21,7 +23,7 @@ import random
 import shlex
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +59,12 @@ __all__ = [
 MODELS = {"tiny": "gemma4-tiny-model"}
 MODEL_SPEC = MODELS["tiny"]
 FORMAT = "graphbuf-model-drill/2"
+#: The fewest tokens a drawn request generates (the issue's floor for the shipped run).
+MIN_NEW = 16
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _Key = tuple[Any, ...]
-#: Per process: the tiny models built (sessions deep-copy them), by (model constants, dtype, seed, device);
-#: planted faults never touch them.
+#: Per process: the tiny models built in float32 (sessions deep-copy them and cast the copies to their
+#: dtype), by (model constants, seed, device); planted faults never touch them.
 _MODELS: dict[_Key, tuple[Any, Any]] = {}
 
 
@@ -100,10 +104,8 @@ def _with_faults(spec: GraphSpec, faults: frozenset[str]) -> GraphSpec:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _one_token(spec: GraphSpec, requests: int, drop: tuple[str, ...]) -> GraphSpec:
-    """``spec`` captured at one token per request for up to ``requests`` requests, without the buffers
-    ``drop``."""
-    sizes = sorted({max(1, requests // 2), requests})  # every live count replays, padded up to a size
+def _one_token(spec: GraphSpec, sizes: list[int], drop: tuple[str, ...]) -> GraphSpec:
+    """``spec`` captured at one token per request at ``sizes`` (requests), without the buffers ``drop``."""
     capture = spec.capture.model_copy(update={"tokens_per_request": 1, "sizes": sizes})
     buffers = {n: b for n, b in spec.buffers.items() if n not in drop}
     return spec.model_copy(update={"capture": capture, "buffers": buffers})
@@ -136,19 +138,22 @@ class ModelSession:
         faulty = _with_faults(spec, faults)
         over = {"num_blocks": self.num_blocks}
         self.plan = plan(faulty, overrides=over)
-        key = (tuple(sorted((n, self.plan.constants[n]) for n in MODEL_CONSTANTS)), dtype, model_seed, device)
+        key = (tuple(sorted((n, self.plan.constants[n]) for n in MODEL_CONSTANTS)), model_seed, device)
         if key not in _MODELS:
             _MODELS[key] = build_models(
-                self.plan.constants, dtype=_DTYPES[dtype], seed=model_seed, device=device
+                self.plan.constants, dtype=torch.float32, seed=model_seed, device=device
             )
-        model, assistant = (copy.deepcopy(m) for m in _MODELS[key])  # this session's own
+        model, assistant = (copy.deepcopy(m).to(_DTYPES[dtype]) for m in _MODELS[key])  # this session's own
         self.model = model
         rows = OVERSIZE * self.plan.capture_sizes[-1]
         self.target = PagedGemma4(model, num_blocks=self.num_blocks, block_size=self.block_size,
                                   q_len=1 + self.k, max_rows=rows, faults=faults)  # fmt: skip
         self.assistant = PagedAssistant(assistant, self.target, max_rows=rows, faults=faults)
-        decode_plan = plan(_one_token(faulty, self.max_seqs, ()), overrides=over)
-        draft_plan = plan(_one_token(faulty, self.max_seqs, ("slot_mapping",)), overrides=over)
+        # every live count replays, padded up to a size: the draft step (k per verify step) at half and all of
+        # max_num_seqs, the MTP-off decode step (every mtp_off_every-th step) at max_num_seqs only
+        decode_plan = plan(_one_token(faulty, [self.max_seqs], ()), overrides=over)
+        halves = sorted({max(1, self.max_seqs // 2), self.max_seqs})
+        draft_plan = plan(_one_token(faulty, halves, ("slot_mapping",)), overrides=over)
         self.runners = {
             "verify": GraphRunner(StaticBuffers(self.plan, device), self.target, output_rows="tokens"),
             "decode": GraphRunner(StaticBuffers(decode_plan, device), self.target, output_rows="tokens"),
@@ -210,17 +215,18 @@ def _empty_sources(buffers: StaticBuffers) -> dict[str, np.ndarray]:
 
 
 def draw_scenario(session: ModelSession, requests: int, seed: int) -> Scenario:
-    """``requests`` requests drawn from ``seed``: prompt lengths 4..36, at least 16 tokens each (request 0
-    runs to the model length, into the block table's last column), two arriving at step 0 and the rest
-    joining over the first steps; every 4th step MTP-off, every 3rd DP-padded."""
+    """``requests`` requests drawn from ``seed``, each generating :data:`MIN_NEW` to ``MIN_NEW + 4`` tokens:
+    request 0's prompt leaves just that room, so it runs to the model length (into the block table's last
+    column); the others' prompts are 4..36 tokens. Two arrive at step 0, the rest join over the first
+    steps; every 4th step MTP-off, every 3rd DP-padded."""
     rng = random.Random(seed)
     k, top = session.k, session.max_model_len
     reqs = []
     for i in range(requests):
-        p = rng.randint(24, 36) if i == 0 else rng.randint(4, 36)
-        room = top - p - k
-        max_new = room if i == 0 else rng.randint(16, max(16, min(room, 32)))
-        arrival = 0 if i < 2 else rng.randint(1, 4 * i)
+        extra = rng.randint(0, 4)
+        p = top - k - MIN_NEW - extra if i == 0 else rng.randint(4, 36)
+        max_new = MIN_NEW + extra if i == 0 else rng.randint(MIN_NEW, MIN_NEW + 4)
+        arrival = 0 if i < 2 else rng.randint(1, 2 * i)
         reqs.append(Request(tuple(rng.randrange(session.vocab) for _ in range(p)), arrival, max_new))
     return Scenario(tuple(reqs))
 
@@ -280,6 +286,19 @@ def _what(run: DtypeRun) -> str:
     return "; ".join(run.problems)
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, as it was after: its full passes scan every object
+    torch, transformers and the captured graphs hold, and the drill's garbage waits for the next pass."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def run_model_drill(
     spec: str = "gemma4-31b-it-mtp",
     *,
@@ -310,26 +329,28 @@ def run_model_drill(
         scenario, dtypes = Scenario.from_dict(doc["scenario"]), (doc["dtype"],)
     model_spec = _model_spec(spec, model)
     report = ModelDrillReport(spec=str(spec), model=model, device=device)
-    for dtype in dtypes:
-        if dtype not in _DTYPES:
-            raise SpecError(f"model drill: dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
-        session = ModelSession(
-            model_spec, dtype=dtype, model_seed=model_seed, device=device, faults=fault_set
-        )
-        chosen = scenario if scenario is not None else draw_scenario(session, requests, seed)
-        run = _dtype_run(session, chosen)
-        report.runs.append(run)
-        if run.ok or report.failure is not None:
-            continue
-        small, small_run = chosen, run
-        if replay is None:
-            small, small_run, report.shrink_serves = _shrink(session, chosen, shrink_budget)
-        report.failure = {
-            "dtype": dtype, "requests": len(small.requests), "tokens": sum(r.max_new for r in small.requests),
-            "what": _what(small_run), "saved": str(save) if save is not None and replay is None else None,
-        }  # fmt: skip
-        if save is not None and replay is None:
-            save_model_batch(save, report, small, model_seed, fault_set, small_run)
+    with _collector_paused():  # serving makes no garbage worth collecting mid-run
+        for dtype in dtypes:
+            if dtype not in _DTYPES:
+                raise SpecError(f"model drill: dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
+            session = ModelSession(
+                model_spec, dtype=dtype, model_seed=model_seed, device=device, faults=fault_set
+            )
+            chosen = scenario if scenario is not None else draw_scenario(session, requests, seed)
+            run = _dtype_run(session, chosen)
+            report.runs.append(run)
+            if run.ok or report.failure is not None:
+                continue
+            small, small_run = chosen, run
+            if replay is None:
+                small, small_run, report.shrink_serves = _shrink(session, chosen, shrink_budget)
+            report.failure = {
+                "dtype": dtype, "requests": len(small.requests),
+                "tokens": sum(r.max_new for r in small.requests), "what": _what(small_run),
+                "saved": str(save) if save is not None and replay is None else None,
+            }  # fmt: skip
+            if save is not None and replay is None:
+                save_model_batch(save, report, small, model_seed, fault_set, small_run)
     report.seconds = time.perf_counter() - started
     return report
 
