@@ -1,9 +1,10 @@
 """``graphbuf drill`` on the shipped spec, timed phase by phase.
 
 Usage: ``python bench/bench_drill.py [--replays 60] [--seed 0] [--threads 0] [--json PATH]``, or
-``python bench/bench_drill.py --model tiny [--requests 4] [--seed 0]`` for the whole-model drill
-(``graphbuf drill gemma4-31b-it-mtp --model tiny``): its wall and CPU seconds (the CPU figure is the steadier
-one on a shared machine) and, per dtype, capture seconds, steps and the checks run.
+``python bench/bench_drill.py --model tiny [--requests 4] [--seed 0] [--threads 0]`` for the whole-model
+drill (``graphbuf drill gemma4-31b-it-mtp --model tiny``): its wall and CPU seconds (the CPU figure is the
+steadier one on a shared machine, the more so at ``--threads 1``) and, per dtype, capture seconds, steps, the
+checks run and the accepted drafts per request-step.
 
 Runs :func:`graphbuf.drill.session.run_drill` on ``gemma4-31b-it-mtp`` exactly as ``graphbuf drill`` does
 (every
@@ -197,12 +198,15 @@ def run(replays: int = 60, seed: int = 0, threads: int = 0) -> dict[str, Any]:
     }
 
 
-def run_model(requests: int, seed: int) -> dict[str, Any]:
-    """The whole-model drill as ``graphbuf drill SPEC --model tiny`` runs it, timed from outside."""
+def run_model(requests: int, seed: int, threads: int = 0) -> dict[str, Any]:
+    """The whole-model drill as ``graphbuf drill SPEC --model tiny`` runs it, timed from outside (imports
+    excluded), with ``threads`` torch intra-op threads (0: torch's default)."""
     import torch
 
     from graphbuf.drill.model import run_model_drill
 
+    if threads > 0:
+        torch.set_num_threads(threads)
     wall, cpu = time.perf_counter(), time.process_time()
     report = run_model_drill(SPEC, requests=requests, seed=seed)
     doc = report.as_dict()
@@ -222,6 +226,8 @@ def run_model(requests: int, seed: int) -> dict[str, Any]:
                 "layer1_steps": r["layer1_replay_eager"]["checked"],
                 "layer1_draft_steps": r["layer1_draft_replay_eager"]["checked"],
                 "layer3_positions": r["layer3_teacher_forced"]["positions"],
+                "accepted_per_request_step": r["accepted_per_request_step"],
+                "acceptance_rate": r["acceptance_rate"],
                 "problems": r["problems"],
             }
             for r in doc["runs"]
@@ -264,12 +270,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.replays < 0 or args.threads < 0 or args.requests < 1:
         parser.error("--replays and --threads must be >= 0, --requests >= 1")
     if args.model is not None:
-        res = run_model(args.requests, args.seed)
+        res = run_model(args.requests, args.seed, args.threads)
         print(
             f"graphbuf drill {SPEC} --model tiny, {args.requests} requests: "
             f"{'PASS' if res['ok'] else 'FAIL'} in {res['wall_s']} s wall, {res['cpu_s']} s CPU "
-            f"(load average {res['load_avg_1m']} on {res['cpus']} cpus)"
+            f"(torch threads {res['torch_threads']}, load average {res['load_avg_1m']} on {res['cpus']} cpus)"
         )
+        for dtype, r in res["runs"].items():
+            hist = ", ".join(f"{a}: {n}" for a, n in r["accepted_per_request_step"].items())
+            print(f"  {dtype}: {r['steps']} steps, accepted drafts per request-step {hist}")
     else:
         res = run(args.replays, args.seed, args.threads)
         print(render(res))
