@@ -212,8 +212,10 @@ def run_padding_contract(
                 v.reason = "keep: never padded by a refresh"
                 continue
             view = views[b.name]
-            src_shape = np.shape(srcs[b.name]) if not isinstance(srcs[b.name], torch.Tensor) else tuple(
-                srcs[b.name].shape
+            src_shape = (
+                np.shape(srcs[b.name])
+                if not isinstance(srcs[b.name], torch.Tensor)
+                else tuple(srcs[b.name].shape)
             )
             mask = torch.ones(view.shape, dtype=torch.bool, device=view.device)
             mask[: src_shape[0], ...] = False

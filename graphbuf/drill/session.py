@@ -553,9 +553,7 @@ class DrillBatch:
     task_seed: int
 
 
-def drill_batches(
-    session: DrillSession, lo: int = 1, hi: int | None = None
-) -> SearchStrategy[DrillBatch]:
+def drill_batches(session: DrillSession, lo: int = 1, hi: int | None = None) -> SearchStrategy[DrillBatch]:
     """Batches of ``lo..hi`` requests (default: up to a few above the largest capture size, which run
     eagerly) drawn through :func:`graphbuf.testing.sources` and the tasks' relations."""
     top = session.max_requests
@@ -637,7 +635,7 @@ def load_batch(path: str | Path, max_bytes: int | None = None) -> dict[str, Any]
     except ValueError as exc:
         raise BatchFileError(f"{path}: cannot read a saved drill batch: {str(exc)[:200]}") from None
     if not isinstance(doc, dict) or doc.get("format") != BATCH_FORMAT:
-        raise BatchFileError(f"{path}: not a saved drill batch (expected \"format\": {BATCH_FORMAT!r})")
+        raise BatchFileError(f'{path}: not a saved drill batch (expected "format": {BATCH_FORMAT!r})')
     for key, kind in (("seed", int), ("device", str), ("overrides", dict), ("sources", dict)):
         if not isinstance(doc.get(key), kind) or isinstance(doc.get(key), bool):
             raise BatchFileError(f"{path}: malformed saved drill batch: {key!r} must be a {kind.__name__}")

@@ -692,6 +692,7 @@ def _check_buffer(
         if "max" in bounds and buf.pad > bounds["max"]:
             p.add(f"{base}.pad", f"pad {buf.pad} is above the buffer's max {bounds['max']}")
 
+
 def _check_sizes(
     p: _Problems, spec: GraphSpec, constants: Mapping[str, int | None], tpr: int | None
 ) -> list[int]:

@@ -161,7 +161,6 @@ def test_the_mutation_section_names_the_modules_the_tool_mutates() -> None:
             assert path == f"graphbuf/buffers/{module}.py" and f"`{module}`" in section, key
 
 
-
 def test_every_install_command_outside_the_npu_section_is_pinned() -> None:
     """Issue 33 §1: an install the README (before the adapter's NPU section) or tools/mutation.py tells a
     user to run keeps torch at the constraints' build."""

@@ -216,8 +216,8 @@ def test_the_import_graph_sees_every_kind(tmp_path: Path) -> None:
     assert EDGES[("graphbuf.graphs.runner", "graphbuf.buffers.slab")][0] == "top"
     planted = tmp_path / "planted.py"
     planted.write_text(
-        "import importlib\n\n\ndef f():\n    importlib.import_module(f\"{__package__}.buffers\")\n"
-        "    return __import__(\"graphbuf.errors\")\n"
+        'import importlib\n\n\ndef f():\n    importlib.import_module(f"{__package__}.buffers")\n'
+        '    return __import__("graphbuf.errors")\n'
     )
     found = _all_imports("graphbuf.planted", planted)
     assert {("graphbuf.buffers", "importlib"), ("graphbuf.errors", "importlib")} <= set(found), found
@@ -342,7 +342,6 @@ def test_production_code_never_imports_tests() -> None:
                     name,
                     m,
                 )
-
 
 
 #: Modules whose tests live in a file not named for them (issue 19 §4): the file, the name it must use, why.

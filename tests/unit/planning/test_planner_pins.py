@@ -84,10 +84,16 @@ def test_memory_per_size_counts_each_buffers_captured_rows() -> None:
     d = p.to_dict()
     total = p.total_bytes
     assert d["sizes"]["2"]["memory"] == {
-        "buffers": 1 * 3 * 4 + 2 * 8, "staging": 2 * total, "workspaces": 0, "unselected_workspaces": 0
+        "buffers": 1 * 3 * 4 + 2 * 8,
+        "staging": 2 * total,
+        "workspaces": 0,
+        "unselected_workspaces": 0,
     }
     assert d["sizes"]["8"]["memory"] == {
-        "buffers": 4 * 3 * 4 + 8 * 8, "staging": 2 * total, "workspaces": 0, "unselected_workspaces": 0
+        "buffers": 4 * 3 * 4 + 8 * 8,
+        "staging": 2 * total,
+        "workspaces": 0,
+        "unselected_workspaces": 0,
     }
     m = p.memory_at(8)
     assert (m.tokens, m.requests, m.buffer_bytes) == (8, 4, 112) and type(m.buffer_bytes) is int
