@@ -142,7 +142,10 @@ def one_write(
 
 
 def _call(b: StaticBuffers, name: str, op: str, args: list[tuple[str, Any]], kw: dict[str, Any]) -> str:
-    h = b.stage(name)
+    try:
+        h = b.stage(name)  # guarded too: refused while another thread refreshes (the thread phase)
+    except GraphbufError as exc:
+        return f"{type(exc).__name__}: {exc}"
     wide = h.host.ndim == 2
     made: list[Any] = []
     pos = []
