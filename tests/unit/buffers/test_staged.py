@@ -378,3 +378,46 @@ def test_a_packed_upload_larger_than_its_arena_grows_it_and_writes_every_cell(ho
         assert torch.equal(got[0][name], got[2][name]) and torch.equal(got[1][name], got[3][name]), name
     assert torch.equal(got[2]["bt"], torch.from_numpy(rows))
     assert torch.equal(got[3]["mid"][:, 1000:], torch.full((4, 30), -1))
+
+
+# Values a refresh refuses for their type, dtype or size (issue 32 §1: one value rule, list casts included).
+_REFUSED = {
+    "float list": [1.5, 2.0],
+    "float array": np.array([1.5, 2.0]),
+    "int64 array": np.array([1, 2], np.int64),
+    "uint32 array": np.array([1, 2], np.uint32),
+    "float16 tensor": torch.tensor([1, 2], dtype=torch.float16),
+    "past int32": [2**31, 0],
+    "past 64 bits": [2**64, 0],
+    "strings": ["a", "b"],
+    "ragged": [[1], [2, 3]],
+}
+
+
+@pytest.mark.parametrize("values", list(_REFUSED.values()), ids=list(_REFUSED))
+def test_a_value_a_refresh_refuses_is_refused_by_a_staged_write_in_the_same_words(values: object) -> None:
+    b = _buffers()
+    full_sources = {**_rest(2), BT: np.zeros((2, W), np.int32), "seq_lens": values}
+    with pytest.raises(RefreshError) as full:
+        b.refresh(8, full_sources, num_reqs=2)
+    h = b.stage("seq_lens")
+    with pytest.raises(RefreshError) as staged:
+        h.set(0, values)
+    assert type(staged.value) is type(full.value)
+    # the same words after the call's label ("refresh(size=8): " against "set(): ")
+    assert str(staged.value).split(": ", 1)[1] == str(full.value).split(": ", 1)[1]
+    assert not h.pending
+
+
+def test_a_value_out_of_bounds_fails_the_commit_as_it_fails_a_refresh() -> None:
+    """Bounds are checked when a refresh commits staged values: the same error, label included."""
+    bad = np.array([5, -1], np.int32)  # seq_lens: min 0
+    b = _buffers()
+    with pytest.raises(RefreshError) as full:
+        b.refresh(8, {**_rest(2), BT: np.zeros((2, W), np.int32), "seq_lens": bad}, num_reqs=2)
+    h = b.stage("seq_lens")
+    h.set(0, bad)
+    with pytest.raises(RefreshError) as staged:
+        b.refresh(8, {**_rest(2), BT: np.zeros((2, W), np.int32)}, num_reqs=2)
+    assert type(staged.value) is type(full.value) and str(staged.value) == str(full.value)
+    assert h.pending  # a rejected commit keeps its writes staged
