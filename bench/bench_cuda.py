@@ -37,7 +37,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import SPEC, compare, render_table, step_buffers, write_json
+from common import (
+    SPEC,
+    STEPS_LIVE,
+    STEPS_TPR,
+    compare,
+    render_table,
+    step_buffers,
+    steps_spec,
+    steps_trace,
+    write_json,
+)
 
 from graphbuf.adapters.vllm_ascend.bindings.attention_tasks import Gemma4AttentionTask
 from graphbuf.buffers.slab import StaticBuffers
@@ -317,30 +327,6 @@ def render(res: dict[str, Any]) -> str:
     )
 
 
-PROXY_LIVE = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-PROXY_TPR = 4  # k = 3, as bench_steps
-
-
-def _proxy_trace(sb: StaticBuffers, live: int, steps: int, rng: Any) -> list[tuple[int, list[Any]]]:
-    """bench_steps' decode trace: (live requests, staged writes) of a fill step and ``steps`` decode steps
-    (each request grows by 1..4 tokens, about one in 64 finishes and as many join)."""
-    from graphbuf.testing_steps import DecodeBatch
-    from graphbuf.testing_steps import Step as BatchStep
-
-    batch = DecodeBatch(sb, slots="slot_mapping", offsets="query_start_loc")
-    hi = 131072 - PROXY_TPR * (steps + 2)
-    out = [(live, batch.advance(BatchStep(join=tuple(int(x) for x in rng.integers(PROXY_TPR, hi, live)),
-                                          grow=(1,) * live)))]  # fmt: skip
-    for _ in range(steps):
-        n = batch.live
-        must = [r for r, ln in enumerate(batch.lens) if ln + PROXY_TPR > batch.max_len]
-        finish = sorted(set(must) | {int(r) for r in np.flatnonzero(rng.random(n) < 1 / 64)})
-        joins = tuple(int(x) for x in rng.integers(PROXY_TPR, hi, len(finish)))
-        grow = tuple(int(g) for g in rng.integers(1, PROXY_TPR + 1, n))
-        out.append((n, batch.advance(BatchStep(tuple(finish), joins, grow))))
-    return out
-
-
 def cpu_proxy(quick: bool = False, steps: int = 60) -> dict[str, Any]:
     """The accelerator path's host work on the cpu (issue 32 §3): bench_steps' staged step (staged writes,
     then ``refresh(size, {query_start_loc}, num_reqs=n)``) on a slab with ``upload_copies=2`` (host pack, the
@@ -352,18 +338,14 @@ def cpu_proxy(quick: bool = False, steps: int = 60) -> dict[str, Any]:
     1.68-1.80 at 1-8 live where the in-place step takes 3.8-4.1 µs. There the placement's one ``scatter_``
     costs ~1.8 µs (~1.4 µs alone); with the placement removed the ratio is 1.3, so <= 1.5 at 1-8 live needs
     a placement under ~0.8 µs, which no torch op on a cpu tensor gives here (put_ is ~0.2 µs cheaper)."""
-    from common import decode_spec
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     points = []
     try:
         for block in (128, 16):
-            spec = decode_spec(f"steps-128K-x256-b{block}", max_num_seqs=256, tokens_per_request=PROXY_TPR,
-                               block_size=block, max_model_len=131072,
-                               sizes=[PROXY_TPR * r for r in PROXY_LIVE], slots_per_group=True)  # fmt: skip
-            for live in (1, 16, 64) if quick else PROXY_LIVE:
+            spec = steps_spec(block)
+            for live in (1, 16, 64) if quick else STEPS_LIVE:
                 points.append(_proxy_point(spec, block, live, steps // 4 if quick else steps, rng))
     finally:
         torch.set_num_threads(threads)
@@ -379,9 +361,9 @@ def _proxy_point(spec: Any, block: int, live: int, steps: int, rng: Any) -> dict
         k: {name: b.stage(name) for name in b.names if name != "query_start_loc"} for k, b in pair.items()
     }
     us: dict[str, list[float]] = {k: [] for k in pair}
-    for i, (n, writes) in enumerate(_proxy_trace(ref, live, steps, rng)):
-        size = next(s for s in ref.capture_sizes if s >= n * PROXY_TPR)
-        qsl = {"query_start_loc": np.arange(0, (n + 1) * PROXY_TPR, PROXY_TPR, dtype=np.int32)}
+    for i, (n, writes) in enumerate(steps_trace(ref, live, steps, rng)):
+        size = next(s for s in ref.capture_sizes if s >= n * STEPS_TPR)
+        qsl = {"query_start_loc": np.arange(0, (n + 1) * STEPS_TPR, STEPS_TPR, dtype=np.int32)}
         for k in list(pair)[:: 1 if i % 2 else -1]:
             t0 = time.perf_counter_ns()
             for name, op, args in writes:

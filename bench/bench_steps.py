@@ -71,48 +71,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vllm_cpu
-from common import DECODE_GROUPS, decode_spec, render_table, write_json
+from common import (
+    DECODE_GROUPS,
+    STEPS_CONTEXT,
+    STEPS_LIVE,
+    STEPS_REQUESTS,
+    STEPS_TPR,
+    render_table,
+    steps_spec,
+    steps_trace,
+    write_json,
+)
 
-from graphbuf import GraphSpec, StaticBuffers
-from graphbuf.testing_steps import DecodeBatch, Step, Write
+from graphbuf import StaticBuffers
+from graphbuf.testing_steps import Write
 
 __all__ = ["CONTENDERS", "main", "plot", "render", "run"]
 
-CONTEXT = 131072
-REQUESTS = 256
-TPR = 4  # k = 3
-LIVE = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CONTEXT, REQUESTS, TPR, LIVE = STEPS_CONTEXT, STEPS_REQUESTS, STEPS_TPR, STEPS_LIVE  # k = 3
 BLOCKS = (128, 16)
 GROUPS = DECODE_GROUPS
 QSL = "query_start_loc"
 CPU = torch.device("cpu")
 CONTENDERS = ("vllm", "vllm_blocktable", "bound", "staged")
-
-
-def spec(block_size: int) -> GraphSpec:
-    sizes = [TPR * r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
-    return decode_spec(
-        f"steps-128K-x256-b{block_size}", max_num_seqs=REQUESTS, tokens_per_request=TPR,
-        block_size=block_size, max_model_len=CONTEXT, sizes=sizes, slots_per_group=True,
-    )  # fmt: skip
-
-
-def trace(
-    sb: StaticBuffers, live: int, steps: int, rng: np.random.Generator
-) -> list[tuple[int, list[Write]]]:
-    """(live requests, writes) of a fill step and ``steps`` decode steps at about ``live`` requests."""
-    batch = DecodeBatch(sb, slots="slot_mapping", offsets=QSL)
-    hi = CONTEXT - TPR * (steps + 2)
-    first = Step(join=tuple(int(x) for x in rng.integers(TPR, hi, live)), grow=(1,) * live)
-    out = [(live, batch.advance(first))]
-    for _ in range(steps):
-        n = batch.live
-        must = [r for r, ln in enumerate(batch.lens) if ln + TPR > batch.max_len]
-        finish = sorted(set(must) | {int(r) for r in np.flatnonzero(rng.random(n) < 1 / 64)})
-        joins = tuple(int(x) for x in rng.integers(TPR, hi, len(finish)))
-        grow = tuple(int(g) for g in rng.integers(1, TPR + 1, n))
-        out.append((n, batch.advance(Step(tuple(finish), joins, grow))))
-    return out
 
 
 class Events(NamedTuple):
@@ -433,10 +414,10 @@ def run(quick: bool = False, seed: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {"steps": steps, "vllm": vllm_cpu.VERSION, "points": []}
     rng = np.random.default_rng(seed)
     for block in BLOCKS:
-        gs = spec(block)
+        gs = steps_spec(block)
         for live in live_counts:
             sbs = [StaticBuffers(gs) for _ in range(2)]
-            inputs = step_inputs(sbs[0], trace(sbs[0], live, steps, rng))
+            inputs = step_inputs(sbs[0], steps_trace(sbs[0], live, steps, rng))
             cs = {"vllm": VllmRunner(v, block), "vllm_blocktable": VllmBlockTable(v, block),
                   "bound": Bound(sbs[0]), "staged": Staged(sbs[1])}  # fmt: skip
             us, nbytes = _timed(cs, inputs)

@@ -184,6 +184,42 @@ def decode_spec(
     )  # fmt: skip
 
 
+# The decode trace bench_steps times and bench_cuda's cpu proxy replays: 128K context x 256 requests, k = 3.
+STEPS_CONTEXT = 131072
+STEPS_REQUESTS = 256
+STEPS_TPR = 4  # tokens per request (k = 3)
+STEPS_LIVE = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def steps_spec(block_size: int) -> GraphSpec:
+    """The decode spec of the steps trace at ``block_size``, captured at every live count of STEPS_LIVE."""
+    return decode_spec(
+        f"steps-128K-x256-b{block_size}", max_num_seqs=STEPS_REQUESTS, tokens_per_request=STEPS_TPR,
+        block_size=block_size, max_model_len=STEPS_CONTEXT, sizes=[STEPS_TPR * r for r in STEPS_LIVE],
+        slots_per_group=True,
+    )  # fmt: skip
+
+
+def steps_trace(sb: Any, live: int, steps: int, rng: np.random.Generator) -> list[tuple[int, list[Any]]]:
+    """(live requests, staged writes) of a fill step and ``steps`` decode steps at about ``live`` requests:
+    each request grows by 1..k+1 tokens, about one in 64 finishes and as many join."""
+    from graphbuf.testing_steps import DecodeBatch, Step
+
+    tpr = STEPS_TPR
+    batch = DecodeBatch(sb, slots="slot_mapping", offsets="query_start_loc")
+    hi = STEPS_CONTEXT - tpr * (steps + 2)
+    first = Step(join=tuple(int(x) for x in rng.integers(tpr, hi, live)), grow=(1,) * live)
+    out = [(live, batch.advance(first))]
+    for _ in range(steps):
+        n = batch.live
+        must = [r for r, ln in enumerate(batch.lens) if ln + tpr > batch.max_len]
+        finish = sorted(set(must) | {int(r) for r in np.flatnonzero(rng.random(n) < 1 / 64)})
+        joins = tuple(int(x) for x in rng.integers(tpr, hi, len(finish)))
+        grow = tuple(int(g) for g in rng.integers(1, tpr + 1, n))
+        out.append((n, batch.advance(Step(tuple(finish), joins, grow))))
+    return out
+
+
 def step_buffers(
     p: Plan,
     live: int,
