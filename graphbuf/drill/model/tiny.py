@@ -80,29 +80,37 @@ def tiny_config(constants: Mapping[str, Any]) -> Any:
 
     c = _constants(constants)
     return Gemma4TextConfig(
-        vocab_size=c["vocab_size"],
+        **_shared_geometry(c),
         hidden_size=c["hidden_size"],
         intermediate_size=c["intermediate_size"],
         num_hidden_layers=c["num_layers"],
-        num_attention_heads=c["num_attention_heads"],
-        num_key_value_heads=c["num_key_value_heads"],
-        head_dim=c["head_dim"],
-        global_head_dim=c["global_head_dim"],
-        num_global_key_value_heads=c["num_global_key_value_heads"],
-        attention_k_eq_v=True,
-        sliding_window=c["sliding_window"],
         layer_types=layer_types(c["num_layers"], c["sliding_layers_per_full"]),
         final_logit_softcapping=float(c["final_logit_softcapping"]),
-        hidden_size_per_layer_input=0,
         vocab_size_per_layer_input=c["vocab_size"],
         num_kv_shared_layers=0,
-        max_position_embeddings=4 * c["max_model_len"],
         tie_word_embeddings=False,
-        pad_token_id=0,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
     )
+
+
+def _shared_geometry(c: Mapping[str, int]) -> dict[str, Any]:
+    """What the target's and the assistant's text configs share: the vocabulary, the attention geometry
+    (the assistant reads the target's KV caches), the positions and the special tokens."""
+    return {
+        "vocab_size": c["vocab_size"],
+        "num_attention_heads": c["num_attention_heads"],
+        "num_key_value_heads": c["num_key_value_heads"],
+        "head_dim": c["head_dim"],
+        "global_head_dim": c["global_head_dim"],
+        "num_global_key_value_heads": c["num_global_key_value_heads"],
+        "attention_k_eq_v": True,
+        "sliding_window": c["sliding_window"],
+        "hidden_size_per_layer_input": 0,
+        "max_position_embeddings": 4 * c["max_model_len"],
+        "pad_token_id": 0,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "attn_implementation": "eager",
+    }
 
 
 def _assistant_text(
@@ -110,27 +118,14 @@ def _assistant_text(
 ) -> Any:
     c = _constants(constants)
     return config_class(
-        vocab_size=c["vocab_size"],
+        **_shared_geometry(c),
         hidden_size=c["assistant_hidden_size"],
         intermediate_size=c["assistant_intermediate_size"],
         num_hidden_layers=len(layer_kinds),
-        num_attention_heads=c["num_attention_heads"],
-        num_key_value_heads=c["num_key_value_heads"],
-        head_dim=c["head_dim"],
-        global_head_dim=c["global_head_dim"],
-        num_global_key_value_heads=c["num_global_key_value_heads"],
-        attention_k_eq_v=True,
-        sliding_window=c["sliding_window"],
         layer_types=layer_kinds,
         final_logit_softcapping=None,
-        hidden_size_per_layer_input=0,
         vocab_size_per_layer_input=0,
         num_kv_shared_layers=shared,
-        max_position_embeddings=4 * c["max_model_len"],
-        pad_token_id=0,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="eager",
     )
 
 
