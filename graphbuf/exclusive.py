@@ -16,16 +16,13 @@ class Exclusive:
     """A non-blocking lock: ``with guard.hold("refresh()"):`` runs the block, or raises
     :class:`ConcurrentUseError` (``busy`` formatted with ``{call}``) while another caller holds it."""
 
-    __slots__ = ("_busy", "acquire", "lock", "release")
+    __slots__ = ("_busy", "lock", "release")
 
     def __init__(self, busy: str) -> None:
         self._busy = busy
         #: The lock itself; native callers (staged writes) take it without waiting (``acquire(False)``).
         self.lock = threading.Lock()
-        #: ``acquire(False)``: take the guard without waiting, True when taken (pair with :meth:`release`
-        #: in ``finally``; the lock's own methods: no Python frame on a refresh's path).
-        self.acquire = self.lock.acquire
-        #: Release the guard taken by :meth:`enter` or :attr:`acquire`.
+        #: Release the guard taken by :meth:`enter` (the lock's own method: no Python frame on the hot path).
         self.release = self.lock.release
 
     def enter(self, call: str) -> None:

@@ -208,8 +208,7 @@ class StaticBuffers:
         (:attr:`stats`).
         """
         guard = self._guard
-        if not guard.acquire(False):
-            raise guard.busy("refresh()")
+        guard.enter("refresh()")
         try:
             label = self._labels.get(size) if type(size) is int else None
             if label is None:
@@ -295,8 +294,7 @@ class StaticBuffers:
         required: frozenset[str] | None = None,
     ) -> tuple[list[Prepared], int]:
         strict = self.strict if strict is None else strict
-        if type(sources) is not dict or widths is not None:  # a plain dict without widths: nothing to check
-            sources = read_call(self, sources, num_reqs, widths, label)  # a plain dict, or BoundSources
+        sources = read_call(self, sources, num_reqs, widths, label)  # a plain dict, or BoundSources
         if type(sources) is dict:
             return prepare_mapping(self.layout, sources, size, num_reqs, label, strict, self.device, required)
         return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
