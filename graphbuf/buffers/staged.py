@@ -503,7 +503,7 @@ class StagedWrites:
         self._commit = committer
         self._full = full
         self._slab = slab
-        self._mirrors: dict[str, StagedBuffer] = {}  # the handles: the host states themselves
+        self._handles: dict[str, StagedBuffer] = {}  # the handles: the host states themselves
         self._checks: dict[str, _Checks] = {}  # their checks (a Python host state is its own)
         self.names: frozenset[str] = frozenset()
         #: The buffers a refresh must be given: the required ones not staged.
@@ -529,7 +529,7 @@ class StagedWrites:
     def buffer(self, name: Any) -> StagedBuffer:
         """The staged-write handle of buffer ``name`` (made on first use: its host state then takes the
         buffer's current contents)."""
-        h = self._mirrors.get(name) if isinstance(name, str) else None
+        h = self._handles.get(name) if isinstance(name, str) else None
         if h is not None:
             return h
         label = "stage()"
@@ -566,19 +566,19 @@ class StagedWrites:
             )  # fmt: skip
         if not self._staged:
             self._targets[name] = t.numpy().reshape(-1)
-        self._mirrors[name] = h
+        self._handles[name] = h
         self._checks[name] = checks
-        self.names = frozenset(self._mirrors)
+        self.names = frozenset(self._handles)
         self.required = self.layout.required.difference(self.names)
         if kernel is not None and not self._staged:
-            self._cores = list(self._mirrors.values())
-            self._core_targets = [self._targets[x.name] for x in self._mirrors.values()]
+            self._cores = list(self._handles.values())
+            self._core_targets = [self._targets[name] for name in self._handles]
             self._native = kernel
         elif kernel is not None:  # staged: packed as 4-byte slab words, when every staged buffer is
             words = all(
                 c.slot.itemsize % 4 == 0 and c.slot.plan.offset % 4 == 0 for c in self._checks.values()
             )
-            self._cores = list(self._mirrors.values())
+            self._cores = list(self._handles.values())
             self._core_targets = [None] * len(self._cores)  # type: ignore[list-item]
             self._bases = [c.slot.plan.offset // 4 for c in self._checks.values()]
             self._native = kernel if words else None
@@ -602,16 +602,16 @@ class StagedWrites:
         and no staged buffer is given whole (packed into the refresh's one upload when uploaded); otherwise
         through :meth:`check` and :meth:`write`, which name any error."""
         committer = self._commit
-        if not self._mirrors:
+        if not self._handles:
             committer.write(prepared, size)
             return
         kernel = self._native
         if kernel is not None:
             rows, cols = committer.marks
-            mirrors = self._mirrors
+            handles = self._handles
             given = False
             for p in prepared:
-                if p[0].name in mirrors:
+                if p[0].name in handles:
                     given = True
                     break
             if not given and kernel.commit(self._cores, n, rows, cols, self._core_targets, False) is True:
@@ -634,12 +634,12 @@ class StagedWrites:
     def check(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_CellWrite]:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
         writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error."""
-        mirrors = self._mirrors
+        handles = self._handles
         given = None
         if len(prepared):
             given = {p.slot.name for p in prepared}
-            for name in given.intersection(mirrors):
-                if mirrors[name].pending:
+            for name in given.intersection(handles):
+                if handles[name].pending:
                     raise self.layout.fail(
                         RefreshError, name, label,
                         "has staged writes; pass it whole or leave it out (its staged writes are then "
@@ -647,7 +647,7 @@ class StagedWrites:
                     )  # fmt: skip
         cells = []
         layout = self.layout
-        for name, h in mirrors.items():
+        for name, h in handles.items():
             if given is not None and name in given:
                 continue
             m, core = self._checks[name], h
@@ -693,9 +693,9 @@ class StagedWrites:
             for m, core, live, *_, colmark in cells:
                 core.clear()
                 commit.set_mark(m.slot.index, live, colmark)
-        if len(prepared) and self._mirrors:
+        if len(prepared) and self._handles:
             for p in prepared:
-                m = self._mirrors.get(p.slot.name)
+                m = self._handles.get(p.slot.name)
                 if m is not None:
                     self._absorb(m, p)
         if moved:
