@@ -367,7 +367,9 @@ def group_buffers(
     return cache[q_len]
 
 
-_logged: set[tuple[Any, ...]] = set()
+# (id of the vLLM config, query length, sizes) → the config itself: held, so that its id cannot be reused by a
+# later config (a freed config's address taken by a new one hid the new one's line).
+_logged: dict[tuple[Any, ...], Any] = {}
 
 
 def _speculative_tokens(vllm_config: Any) -> int:
@@ -383,10 +385,11 @@ def _provides() -> bool:
 
 def _log_not_routed(builder: Any, buffers: GroupBuffers) -> None:
     """One info line per vLLM config and query length naming the capture sizes left to upstream's path."""
-    key = (id(read(builder, "vllm_config", _BUILDER)), buffers.tokens_per_request, buffers.not_routed)
+    config = read(builder, "vllm_config", _BUILDER)
+    key = (id(config), buffers.tokens_per_request, buffers.not_routed)
     if not buffers.not_routed or key in _logged:
         return
-    _logged.add(key)
+    _logged[key] = config
     logger.info(
         "graphbuf: capture sizes %s are beyond the spec's envelope for %d-token requests and are not routed "
         "(vllm-ascend's own path captures them); routed sizes: %s",

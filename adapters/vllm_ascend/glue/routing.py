@@ -426,14 +426,16 @@ def _mechanism() -> Mechanism:
     return Mechanism.LEGACY if decided is None else decided.mechanism
 
 
-_owners_logged: set[int] = set()
+# id of a builder → the builder itself: held, so that its id cannot be reused by a later builder (whose line a
+# freed builder's recycled address would hide).
+_owners_logged: dict[int, Any] = {}
 
 
 def _log_owner(builder: Any, decided: activation.Activation | None) -> None:
     """One INFO line per large-head KV group: which layers, and whether graphbuf or upstream owns them."""
     if decided is None or id(builder) in _owners_logged:
         return
-    _owners_logged.add(id(builder))
+    _owners_logged[id(builder)] = builder
     layers = read(builder, "layer_names", _BUILDER)
     logger.info(
         "graphbuf: large-head layers %s are routed by %s (%s; update mechanism %s)",

@@ -513,3 +513,24 @@ def test_a_moved_kv_cache_is_refused_by_the_next_build_before_any_refresh(av1: A
     with pytest.raises(AddressChangedError, match=r"size 2: routed decode layer #0 .*key_cache moved"):
         builder.build(0, common)
     assert torch.equal(route.block_table, before[0]) and torch.equal(route.seq_lens, before[1])
+
+
+def test_a_new_config_or_builder_at_a_freed_ones_address_still_gets_its_log_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The once-per-object log lines key on id(): the registries hold the objects, so a freed config's or
+    builder's address taken by a new one cannot hide the new one's line (found flaky in CI: CPython reuses a
+    freed object's memory at once for the next of its size)."""
+    monkeypatch.setattr(resolve, "_logged", {})
+    monkeypatch.setattr(routing, "_owners_logged", {})
+    decided = SimpleNamespace(owner="graphbuf", owner_reason="test", mechanism=resolve.Mechanism.LEGACY)
+    buffers = SimpleNamespace(tokens_per_request=4, not_routed=(128,), capture_sizes=(8, 16))
+    with caplog.at_level(logging.INFO, logger="graphbuf"):
+        for _ in range(50):  # each builder and config freed before the next is made
+            builder = SimpleNamespace(vllm_config=SimpleNamespace(), layer_names=["layer"])
+            resolve._log_not_routed(builder, buffers)
+            routing._log_owner(builder, decided)  # type: ignore[arg-type]
+            del builder
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("not routed" in m for m in messages) == 50
+    assert sum("large-head layers" in m for m in messages) == 50

@@ -288,7 +288,7 @@ def test_upstreams_large_head_provider_is_detected_and_the_switch_chooses(
         monkeypatch.delenv(activation.OWNER_ENV, raising=False)
     else:
         monkeypatch.setenv(activation.OWNER_ENV, env)
-    monkeypatch.setattr(routing, "_owners_logged", set())
+    monkeypatch.setattr(routing, "_owners_logged", {})
     assert patch.install() == "applied"
     decided = activation.current()
     assert decided.upstream_large_head == "FIABnsdLargeHeadParamProvider" and decided.owner == owner
