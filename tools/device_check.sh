@@ -22,7 +22,7 @@ log=$OUT/env.log
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import sys, torch, transformers, graphbuf.buffers.native as n; print(sys.version.split()[0], \
 torch.__version__, torch.version.cuda, torch.cuda.is_available(), 'transformers', transformers.__version__, \
-'native kernel', n.KERNEL is not None, 'staged kernel', n.STAGED is not None)"
+'native kernel', n.KERNEL is not None)"
 } > "$log" 2>&1
 
 stage() {  # stage NAME LIMIT CMD...: run CMD under LIMIT seconds into $OUT/NAME.log, then its status and time

@@ -17,6 +17,7 @@ refresh validates every source before any write, so one that raises changes no b
 
 from __future__ import annotations
 
+from graphbuf.buffers.backend import Backend, NativeBackend, chosen
 from graphbuf.buffers.bound import BoundSources
 from graphbuf.buffers.commit import Committer, RefreshStats, write_live
 from graphbuf.buffers.eager import build_eager
@@ -26,9 +27,11 @@ from graphbuf.buffers.staged import StagedBuffer, StagedWrites
 from graphbuf.buffers.validate import Prepared, Source, check_num_reqs, count_of, requests_hint
 
 __all__ = [
+    "Backend",
     "BoundSources",
     "Committer",
     "Layout",
+    "NativeBackend",
     "Prepared",
     "RefreshStats",
     "Source",
@@ -36,6 +39,7 @@ __all__ = [
     "StagedWrites",
     "build_eager",
     "check_num_reqs",
+    "chosen",
     "count_of",
     "prepare_mapping",
     "read_call",

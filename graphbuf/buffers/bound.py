@@ -35,7 +35,6 @@ from graphbuf.buffers.validate import (
     check_source,
     check_typed,
     check_widths,
-    live_fits,
 )
 from graphbuf.errors import AddressChangedError, RefreshError, RowsError
 
@@ -231,7 +230,7 @@ class BoundSources:
         w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
         prepared: list[Prepared] = []
         append = prepared.append
-        kernel = self._layout.kernel
+        fits = self._layout.backend.fits
         for (slot, arr, name, wide, width, watched, shape, strides), (max_rows, max_cols) in zip(
             self._unpacked, limits
         ):
@@ -247,7 +246,7 @@ class BoundSources:
                     return None
             else:
                 w = 0
-            if slot.bounded and rows and (w or not wide) and not live_fits(kernel, slot, arr, rows, w):
+            if slot.bounded and rows and (w or not wide) and not fits(slot, arr, rows, w):
                 return None
             # the whole source: its live region is [:rows, :w]
             append(_new_tuple(Prepared, (slot, arr, None, rows, w)))

@@ -21,16 +21,15 @@ the uploads fences each upload copy and its arena: they are reused only after th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
-from graphbuf.buffers.validate import Prepared, prepared
+from graphbuf.buffers.validate import Prepared
 
-__all__ = ["PACK_MAX", "Committer", "RefreshStats", "write_live"]
+__all__ = ["PACK_MAX", "Committer", "RefreshStats", "rectangle", "write_live"]
 
 #: Bytes up to which a rectangle a refresh touches goes into the packed upload (its word indices cost twice
 #: its 4-byte words); a larger one is uploaded on its own.
@@ -108,7 +107,6 @@ class Committer:
         *,
         copies: int | None,
         dirty: bool,
-        packer: ModuleType | None = None,
     ) -> None:
         self.layout = layout
         self.device = slab.device
@@ -144,7 +142,7 @@ class Committer:
         self._events: list[Any] = [None] * len(self._targets)
         # Staged, with the native packer: one arena per upload copy (behind the same event), holding
         # the refresh's writes as slab word indices and words for one upload and one indexed write.
-        self._packer = packer if self.uploads else None
+        self._packer = layout.backend.packer if self.uploads else None
         # Per slot, how its rectangles pack as 4-byte words: (word start, words per column, row stride in
         # words), or None for elements narrower than 4 bytes or a buffer not 4-byte aligned.
         self._words_of = tuple(
@@ -207,12 +205,9 @@ class Committer:
             return self._write_packed(k, prepared, size, staged)
         targets = self._targets[k]
         touched = self._rectangles(prepared, size) if self.uploads else None
-        kernel = self.layout.kernel
-        moved = None
-        if kernel is not None:
-            moved = kernel.write(targets, prepared, self._ends[size], self._pads, self._rows, self._cols)
-        if moved is None:
-            moved = self._write_numpy(targets, prepared, size)
+        moved = self.layout.backend.write(
+            targets, prepared, self._ends[size], self._pads, self._rows, self._cols, self._slab
+        )
         self._refreshes += 1
         self._last = moved
         self._total += moved
@@ -224,18 +219,11 @@ class Committer:
         staged cells in one packed upload and one indexed write of the slab as int32 words; the rest as
         :meth:`_copy` does. Returns the staged bytes (-1: not packed)."""
         targets, rows, cols = self._targets[k], self._rows, self._cols
-        kernel = self.layout.kernel
-        got = None
-        if kernel is not None:
-            got = kernel.write(targets, prepared, self._ends[size], self._pads, rows, cols, self._words_of,
-                               PACK_MAX // 4)  # fmt: skip
-        if got is None:
-            rects, rect_words, rest = self._split(prepared, size)
-            moved = self._write_numpy(targets, prepared, size)
-        else:
-            moved, rects, rect_words, rest = got
-            if rest:
-                rest = [(self._own(p), end, r, c) for p, end, r, c in rest]
+        moved, rects, rect_words, rest = self.layout.backend.write_words(
+            targets, prepared, self._ends[size], self._pads, rows, cols, self._words_of, PACK_MAX // 4
+        )
+        if rest:
+            rest = [(self._own(p), end, r, c) for p, end, r, c in rest]
         self._refreshes += 1
         self._last = moved
         self._total += moved
@@ -270,7 +258,7 @@ class Committer:
                 p = self._own(p)
             i = slot.index
             end = self._ends[size][i]
-            out.append((p, end, *_rectangle(slot, n, w, end, self._rows[i], self._cols[i])))
+            out.append((p, end, *rectangle(slot, n, w, end, self._rows[i], self._cols[i])))
         return out
 
     def _own(self, p: Prepared) -> Prepared:
@@ -280,58 +268,6 @@ class Committer:
         if dev is None or dev.untyped_storage().data_ptr() != self._slab_storage:
             return p
         return (p[0], p[1], dev.clone(), p[3], p[4])  # type: ignore[return-value]
-
-    def _write_numpy(self, targets: list[np.ndarray], prepared: Sequence[Prepared], size: int) -> int:
-        """The write through numpy: every source with :func:`write_live`; return the bytes touched. A
-        source inside the slab (a view of a buffer) is copied first: an earlier write in this refresh could
-        change it after it was checked."""
-        rows_of, cols_of = self._rows, self._cols
-        ends = self._ends[size]
-        moved = 0
-        if self._slab is not None:
-            prepared = [_detached(p, self._slab) for p in prepared]
-        for slot, host, _, n, w in prepared:
-            i = slot.index
-            rows, cols = rows_of[i], cols_of[i]
-            end = ends[i]
-            rows_of[i], cols_of[i] = write_live(targets[i], host, slot, n, w, end, rows, cols)
-            r, c = _rectangle(slot, n, w, end, rows, cols)
-            moved += r * c * slot.itemsize
-        return moved
-
-    def _split(
-        self, prepared: Sequence[Prepared], size: int
-    ) -> tuple[list[tuple[int, int, int, int]], int, list[tuple[Prepared, int, int, int]]]:
-        """:meth:`_rectangles` for the packed upload, before the write: the rectangles that pack (4-byte
-        elements, up to :data:`PACK_MAX` bytes) as (word start, rows, row words, row stride in words), their
-        words, and the rest as :meth:`_copy` takes them (larger rectangles; a device-resident source's live
-        cells, copied on the device after the placement). The native write with ``words_of`` gives the same
-        (``tests/unit/buffers/test_packed_upload.py`` holds the two to it)."""
-        rects, rest = [], []
-        rect_words = 0
-        rows_of, cols_of, ends, words_of = self._rows, self._cols, self._ends[size], self._words_of
-        for p in prepared:
-            slot, _, dev, n, w = p
-            i = slot.index
-            r, end = rows_of[i], ends[i]  # the rectangle, as _rectangle gives it (inlined: the hot path)
-            if n > r:
-                r = n
-            if n and end > r:
-                r = end
-            c = cols_of[i] if slot.ndim == 2 else 1
-            if slot.ndim == 2 and w > c:
-                c = w
-            if dev is not None:
-                p = self._own(p)
-            of = words_of[i]  # (word start, words per column, row stride in words), or None
-            if of is not None and r and c and r * c * of[1] <= PACK_MAX // 4:
-                rects.append((of[0], r, c * of[1], of[2]))
-                rect_words += r * c * of[1]
-                if dev is not None:
-                    rest.append((p, end, 0, c))
-            else:
-                rest.append((p, end, r, c))
-        return rects, rect_words, rest
 
     def _arena(self, k: int, words: int) -> _Arena:
         """Word arena ``k`` (the upload of upload copy ``k`` reads it, behind its event), with room for
@@ -427,19 +363,10 @@ def _buckets(cap: int) -> list[int]:
     return out
 
 
-def _rectangle(slot: ResolvedBuffer, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:
+def rectangle(slot: ResolvedBuffer, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:
     """(rows, cols) of the rectangle a write of ``n`` × ``w`` touches under marks ``rows``/``cols`` (cols 1
     for a 1-D buffer); the native write counts the same."""
     return max(n, end if n else 0, rows), (max(w, cols) if slot.ndim == 2 else 1)
-
-
-def _detached(p: Prepared, slab: np.ndarray) -> Prepared:
-    """``p`` with its live host values copied out when they may lie inside ``slab``."""
-    slot, host, dev, n, w = p
-    if host is None or not np.may_share_memory(host, slab):
-        return p
-    live = host[:n, :w] if host.ndim == 2 else host[:n]
-    return prepared(slot, live.copy(), dev, n, w)
 
 
 def _np_view(t: torch.Tensor, slot: ResolvedBuffer) -> np.ndarray:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -74,11 +73,12 @@ class ResolvedBuffer:
 class Layout:
     """Every buffer of a plan as a :class:`ResolvedBuffer`, plus the facts refresh front-ends share."""
 
-    def __init__(self, plan: Plan, kernel: ModuleType | None = None) -> None:
+    def __init__(self, plan: Plan, backend: Any) -> None:
         self.plan = plan
-        #: The refresh kernel (``graphbuf.buffers._native``) these buffers use, or None (numpy): chosen
-        #: once, when :class:`graphbuf.StaticBuffers` is built; every check and write reads it here.
-        self.kernel = kernel
+        #: The backend (a :class:`graphbuf.buffers.backend.Backend`) every check and write of these buffers
+        #: runs on, chosen once when
+        #: :class:`graphbuf.StaticBuffers` is built (:func:`graphbuf.buffers.backend.chosen`).
+        self.backend = backend
         tpr = plan.tokens_per_request
         self.tokens_per_request = tpr
         self.max_requests = {s: s // tpr for s in plan.capture_sizes}

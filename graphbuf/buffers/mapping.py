@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
 from graphbuf.buffers.bound import BoundSources
 from graphbuf.buffers.layout import Layout
-from graphbuf.buffers.validate import Prepared, check_num_reqs, check_source, live_requests
+from graphbuf.buffers.validate import Prepared, check_num_reqs, live_requests
 from graphbuf.errors import RefreshError
 
 __all__ = ["prepare_mapping", "read_call"]
@@ -67,36 +66,8 @@ def prepare_mapping(
     """
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
-    kernel = layout.kernel  # every source accepted whole in one native call, or None: the loop below
-    prepared = (
-        kernel.accept_all(sources, layout.slots, size, num_reqs, Prepared, np.ndarray) if kernel else None
-    )
-    agreed = prepared is not None and num_reqs is not None  # accept_all took only rows that agree with it
-    if prepared is None:
-        prepared = _checked(layout, sources, size, label, strict, device)
+    prepared, agreed = layout.backend.accept_all(layout, sources, size, num_reqs, label, strict, device)
     need = layout.required if required is None else required
     if not need.issubset(sources):
         raise layout.missing_error(label, layout.required.difference(need).union(sources))
     return prepared, num_reqs if agreed else live_requests(layout, prepared, size, num_reqs, label)
-
-
-def _checked(
-    layout: Layout, sources: dict[str, Any], size: int, label: str, strict: bool, device: torch.device
-) -> list[Prepared]:
-    """Every source through :func:`check_source`, in the mapping's order."""
-    prepared = []
-    other = False
-    for name, src in sources.items():
-        tp = type(src)
-        if tp is not np.ndarray and tp is not torch.Tensor:
-            other = True
-        prepared.append(check_source(layout, name, src, size, label, strict, device))  # (positional: faster)
-    if other:  # converting a list (numpy reads the objects in it) or a subclass may run code that changes a
-        # source checked before it: check the plain arrays and tensors again, after the last such code ran
-        prepared = [
-            check_source(layout, name, src, size, label, strict, device)
-            if type(src) is np.ndarray or type(src) is torch.Tensor
-            else p
-            for p, (name, src) in zip(prepared, sources.items())
-        ]
-    return prepared

@@ -28,8 +28,8 @@ from graphbuf.buffers import (
     StagedWrites,
     build_eager,
     check_num_reqs,
+    chosen,
     count_of,
-    native,
     prepare_mapping,
     read_call,
     where,
@@ -125,18 +125,15 @@ class StaticBuffers:
                     t = t[:, : shape[1]]
                 views[b.name] = t
             self._views[s] = MappingProxyType(views)
-        # The backend, chosen here once: the native kernels where built (graphbuf.buffers.native), else
-        # numpy and the Python host state. Nothing else decides.
-        self.layout = Layout(self.plan, native.KERNEL)
+        # The backend, chosen here once (graphbuf.buffers.backend): nothing else decides.
+        self.layout = Layout(self.plan, chosen())
         self._labels = {s: where("refresh", s) for s in self.plan.capture_sizes}  # not formatted per call
-        self._commit = Committer(
-            self.layout, self.slab, full, copies=copies, dirty=poison, packer=native.STAGED
-        )
+        self._commit = Committer(self.layout, self.slab, full, copies=copies, dirty=poison)
         self._guard = Exclusive(
             "{call}: another thread is using these StaticBuffers (or BoundSources bound to them); use one "
             "StaticBuffers per thread or serialize the calls"
         )
-        self._staged = StagedWrites(self.layout, self._commit, full, self.slab, self._guard, native.STAGED)
+        self._staged = StagedWrites(self.layout, self._commit, full, self.slab, self._guard)
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ or 8 bytes), not one per buffer (Python host state). The ``depth`` arenas take t
 the upload copies of a full refresh do.
 
 Two host states, one behaviour. The host state's kind is chosen once, when the buffers are built. With
-the native kernel (``graphbuf/buffers/_staged.c``, :data:`graphbuf.buffers.native.STAGED`) a host state,
+the native kernel (``graphbuf/buffers/_staged.c``, :data:`graphbuf.buffers.native.KERNEL`) a host state,
 its changed cells and its writes live in C, and :meth:`graphbuf.StaticBuffers.stage` hands it out as it is
 (``_native.Staged``, registered as a :class:`StagedBuffer`: no Python frame per write). A write whose
 arguments are already plain (int rows and columns inside the allocation; values an exact
@@ -57,16 +57,19 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from graphbuf.buffers.commit import Committer
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
-from graphbuf.buffers.validate import Prepared, check_row, check_values, live_fits
+from graphbuf.buffers.validate import Prepared, check_row, check_values
 from graphbuf.errors import RefreshError, RowsError, WidthError
 from graphbuf.exclusive import Exclusive
+
+if TYPE_CHECKING:
+    from graphbuf.buffers.backend import Backend
 
 __all__ = ["StagedBuffer", "StagedWrites"]
 
@@ -496,7 +499,6 @@ class StagedWrites:
         full: Mapping[str, torch.Tensor],
         slab: torch.Tensor,
         guard: Exclusive,
-        staged_kernel: ModuleType | None,
     ) -> None:
         self.layout = layout
         self.guard = guard
@@ -522,7 +524,7 @@ class StagedWrites:
         self._core_targets: list[np.ndarray] = []
         self._native: ModuleType | None = None
         self._bases: list[int] = []  # staged: each core's buffer offset in 4-byte slab words
-        self._kernel = staged_kernel  # the host state's kind, chosen with the buffers
+        self._kernel = staged_kernel = layout.backend.staged  # the host state's kind: the backend's
         if staged_kernel is not None:
             StagedBuffer.register(staged_kernel.Staged)  # the native host state is a StagedBuffer
 
@@ -676,7 +678,7 @@ class StagedWrites:
                         ent = np.arange(shown, live, dtype=np.int64)
                     idx = np.concatenate((idx, ent)) if idx.size else ent
             vals = m.flat[idx]
-            if vals.size and (slot.bounded or slot.kind == "f") and not _fits(layout.kernel, slot, vals):
+            if vals.size and (slot.bounded or slot.kind == "f") and not _fits(layout.backend, slot, vals):
                 region = m.state[:live]
                 check_values(layout, slot, region, name, label)  # raises with a full refresh's message
             colmark = (core.colmax if m.wide else 0) if live else 0
@@ -820,10 +822,10 @@ class StagedWrites:
         core.clear()
 
 
-def _fits(kernel: ModuleType | None, slot: ResolvedBuffer, vals: np.ndarray) -> bool:
+def _fits(backend: Backend, slot: ResolvedBuffer, vals: np.ndarray) -> bool:
     """The staged values lie within ``min``/``max`` (and hold no NaN): one pass, kernel or numpy."""
     if slot.kind == "f":
         if np.isnan(vals).any():
             return False
         return (slot.lo is None or vals.min() >= slot.lo) and (slot.hi is None or vals.max() <= slot.hi)
-    return live_fits(kernel, slot, vals, vals.shape[0], 0)
+    return backend.fits(slot, vals, vals.shape[0], 0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numbers
 import operator
 from collections.abc import Mapping, Sequence
-from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,7 +29,7 @@ __all__ = [
     "check_values",
     "check_widths",
     "count_of",
-    "live_fits",
+    "fit_typed",
     "live_requests",
     "no_count_error",
     "prepared",
@@ -98,17 +97,19 @@ def check_source(
         host = src
     elif tp is torch.Tensor and src.is_cpu and src.dtype in NP_OF_TORCH and _plain(src):
         host = src.detach().numpy() if src.requires_grad else src.numpy()  # detach() costs a new tensor
-    if host is not None and host.dtype in slot.fast:
-        kernel = layout.kernel
-        cap = slot.capacity.get(size)
-        if kernel is not None and cap is not None:  # the common case, whole in one native call
-            got = kernel.accept(host, slot.ndim, cap[0], cap[1], slot.lo, slot.hi)
-            if got is not None:
-                return _new_tuple(Prepared, (slot, host, None, got[0], got[1]))
-        _check_layout(slot, host, name, label)  # no dtype work, integer values
-        return _fitted(layout, slot, name, host, None, size, label, strict)
+    if host is not None and host.dtype in slot.fast:  # no dtype work, integer values
+        return layout.backend.accept(layout, slot, name, host, size, label, strict)
     host, dev = _typed(layout, slot, name, src, label, device)
     return _fitted(layout, slot, name, host, dev, size, label, strict)
+
+
+def fit_typed(
+    layout: Layout, slot: ResolvedBuffer, name: str, host: np.ndarray, size: int, label: str, strict: bool
+) -> Prepared:
+    """A host source of a dtype ``slot`` casts safely without a value check, validated (layout, capacity,
+    bounds): what :meth:`graphbuf.buffers.backend.Backend.accept` does in numpy."""
+    _check_layout(slot, host, name, label)
+    return _fitted(layout, slot, name, host, None, size, label, strict)
 
 
 def _typed(
@@ -237,7 +238,7 @@ def _fitted(
         if (
             host.size
             and (slot.lo is not None or slot.hi is not None or host.dtype.kind == "f")
-            and not live_fits(layout.kernel, slot, host, rows, width)
+            and not layout.backend.fits(slot, host, rows, width)
         ):
             check_values(layout, slot, host, name, label)
         if slot.bf16:  # torch refuses negative strides, which numpy keeps on one-element and empty views
@@ -438,20 +439,6 @@ def values_fit(slot: ResolvedBuffer, arr: np.ndarray) -> bool:
     if lo is not None and _MIN(arr, None) < lo:
         return False
     return hi is None or bool(_MAX(arr, None) <= hi)
-
-
-def live_fits(
-    kernel: ModuleType | None, slot: ResolvedBuffer, arr: np.ndarray, rows: int, width: int
-) -> bool:
-    """:func:`values_fit` of the live region ``arr[:rows, :width]`` (1-D: ``arr[:rows]``) of a non-empty
-    region: in one pass of ``kernel`` (the buffers' refresh kernel) when it checks the dtype, else numpy."""
-    if kernel is not None:
-        fits = kernel.fit(arr, rows, width, slot.lo, slot.hi)
-        if fits is not None:
-            return fits
-    if arr.shape[0] != rows or (arr.ndim == 2 and arr.shape[1] != width):
-        arr = arr[:rows, :width] if arr.ndim == 2 else arr[:rows]
-    return values_fit(slot, arr)
 
 
 def check_values(layout: Layout, slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str) -> None:

@@ -41,12 +41,12 @@ def backend(request: pytest.FixtureRequest) -> Iterator[str]:
     if param is None:
         yield "native" if native.KERNEL is not None else "numpy"
         return
-    if param == "native" and (native.KERNEL is None or native.STAGED is None):
+    if param == "native" and native.KERNEL is None:
         pytest.skip("the native backend is not built here")
-    saved = native.KERNEL, native.STAGED
+    saved = native.KERNEL
     if param == "numpy":
-        native.KERNEL = native.STAGED = None
+        native.KERNEL = None
     try:
         yield param
     finally:
-        native.KERNEL, native.STAGED = saved
+        native.KERNEL = saved

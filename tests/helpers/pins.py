@@ -13,6 +13,7 @@ import torch
 
 from graphbuf import GraphSpec, StaticBuffers
 from graphbuf.buffers import native
+from graphbuf.buffers.backend import Backend
 
 _KERNEL_CALLS = ("fit", "accept", "accept_all", "write")
 
@@ -29,9 +30,9 @@ def numpy_path(*given: StaticBuffers) -> Iterator[None]:
     kernel cannot pass a numpy-path test silently."""
     saved = native.KERNEL
     native.KERNEL = None
-    kernels = [sb.layout.kernel for sb in given]
+    backends = [sb.layout.backend for sb in given]
     for sb in given:
-        sb.layout.kernel = None
+        sb.layout.backend = Backend()
     real = {name: getattr(saved, name) for name in _KERNEL_CALLS if hasattr(saved, name)}
     for name in real:
         setattr(saved, name, _kernel_used)
@@ -40,8 +41,8 @@ def numpy_path(*given: StaticBuffers) -> Iterator[None]:
     finally:
         for name, f in real.items():
             setattr(saved, name, f)
-        for sb, k in zip(given, kernels):
-            sb.layout.kernel = k
+        for sb, b in zip(given, backends):
+            sb.layout.backend = b
         native.KERNEL = saved
 
 

@@ -49,17 +49,17 @@ class Violation(AssertionError):
 
 def twins(staging: int | None) -> tuple[StaticBuffers, StaticBuffers]:
     """(native, python) buffers with every staged-able buffer staged."""
-    saved = native.STAGED
+    saved = native.KERNEL
     out = []
     try:
         for kernel in (saved, None):
-            native.STAGED = kernel
+            native.KERNEL = kernel
             b = StaticBuffers(SPEC, overrides={"num_blocks": 64}, upload_copies=staging)
             for name in STAGED:
                 b.stage(name)
             out.append(b)
     finally:
-        native.STAGED = saved
+        native.KERNEL = saved
     return out[0], out[1]
 
 
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deep", action="store_true", help="ten times the steps")
     args = ap.parse_args(argv)
-    if native.STAGED is None:
+    if native.KERNEL is None:
         print("fuzz_staged: the staged-write kernel is not built here; nothing to compare", file=sys.stderr)
         return 0
     try:

@@ -12,6 +12,7 @@ import torch
 from conftest import SMALL_SPEC
 
 from graphbuf import GraphSpec, RefreshError, StaticBuffers
+from graphbuf.buffers.backend import Backend
 from graphbuf.buffers.layout import Layout, dtype_name, host_value, where
 from graphbuf.planning.planner import plan
 
@@ -19,7 +20,7 @@ from graphbuf.planning.planner import plan
 def _layout(**changes: object) -> Layout:
     spec = copy.deepcopy(SMALL_SPEC)
     spec["buffers"].update(changes)
-    return Layout(plan(GraphSpec.model_validate(spec)))
+    return Layout(plan(GraphSpec.model_validate(spec)), Backend())
 
 
 def test_slots_follow_slab_order_and_name_every_group_buffer() -> None:

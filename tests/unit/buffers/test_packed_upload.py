@@ -1,12 +1,11 @@
 """The packed upload (issue 32 §3), driven on a cpu slab: the rectangles the native write gives with the
-write are ``Committer._split``'s, the arena holds the views of every bucket the packer pads to, and one
+write are the numpy backend's, the arena holds the views of every bucket the packer pads to, and one
 placement (one ``scatter_`` of the pairs, one copy per run) leaves the words the packer read."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -16,9 +15,10 @@ from hypothesis import strategies as st
 
 from graphbuf import StaticBuffers
 from graphbuf.buffers import commit, native
+from graphbuf.buffers.backend import Backend
 from graphbuf.testing import examples
 
-KERNEL, STAGED = native.KERNEL, native.STAGED  # as built: this module compares the kernel to Python itself
+KERNEL = STAGED = native.KERNEL  # as built: this module compares the kernel to Python itself
 pytestmark = [
     pytest.mark.backends_compared,  # run once (conftest)
     pytest.mark.skipif(STAGED is None, reason="the native backend is not built here"),
@@ -38,7 +38,15 @@ def write_case(draw: Any) -> dict[str, Any]:
         shape = (draw(st.integers(0, 6)), draw(st.integers(0, 5))) if two else (draw(st.integers(0, 8)),)
         repeat = draw(st.booleans())
         targets.append(np.zeros(shape, dtype))
-        slots.append(SimpleNamespace(index=i, pad=np.array(0, dtype), repeat_last=repeat, ndim=len(shape)))
+        slots.append(
+            SimpleNamespace(
+                index=i,
+                pad=np.array(0, dtype),
+                repeat_last=repeat,
+                ndim=len(shape),
+                itemsize=np.dtype(dtype).itemsize,
+            )
+        )
         pads.append(bytes(dtype.itemsize))
         ends.append(draw(st.integers(0, shape[0])) if repeat else 0)
         rows_of.append(draw(st.integers(0, shape[0])))
@@ -63,17 +71,16 @@ def write_case(draw: Any) -> dict[str, Any]:
 
 @settings(max_examples=examples(300))
 @given(write_case(), st.integers(0, 40))
-def test_the_native_write_gives_the_rectangles_split_gives(case: dict[str, Any], limit: int) -> None:
+def test_the_native_write_gives_the_rectangles_numpy_gives(case: dict[str, Any], limit: int) -> None:
     """write(..., words_of, limit): the same write as without them, and the packed upload's rectangles, their
-    words and the rest exactly as ``Committer._split`` computes them from the marks before the write (device
-    sources, rectangles over the limit and elements narrower than 4 bytes included)."""
+    words and the rest exactly as the numpy backend's ``write_words`` computes them from the marks before the
+    write (device sources, rectangles over the limit and elements narrower than 4 bytes included)."""
     kernel: Any = KERNEL
     targets, items, ends, pads = case["targets"], case["items"], case["ends"], case["pads"]
     marks = (case["rows_of"], case["cols_of"])
-    fake = SimpleNamespace(_rows=list(marks[0]), _cols=list(marks[1]), _ends={0: ends},
-                           _words_of=case["words_of"], _own=lambda p: p)  # fmt: skip
-    with mock.patch.object(commit, "PACK_MAX", 4 * limit):
-        want = commit.Committer._split(fake, items, 0)  # type: ignore[arg-type]
+    base = [t.copy() for t in targets]
+    base_marks = (list(marks[0]), list(marks[1]))
+    want = Backend().write_words(base, items, ends, pads, *base_marks, case["words_of"], limit)
     plain = [t.copy() for t in targets]
     plain_marks = (list(marks[0]), list(marks[1]))
     moved = kernel.write(plain, items, ends, pads, *plain_marks)
@@ -81,7 +88,8 @@ def test_the_native_write_gives_the_rectangles_split_gives(case: dict[str, Any],
     our_marks = (list(marks[0]), list(marks[1]))
     got = kernel.write(ours, items, ends, pads, *our_marks, case["words_of"], limit)
     assert moved is not None  # same dtypes, contiguous sources: the kernel writes them
-    assert got == (moved, *want)
+    assert got == want and moved == want[0]
+    assert [t.tobytes() for t in base] == [t.tobytes() for t in plain]
     assert [t.tobytes() for t in ours] == [t.tobytes() for t in plain] and our_marks == plain_marks
 
 
@@ -138,8 +146,8 @@ def test_one_placement_leaves_the_words_the_packer_read() -> None:
     assert len(runs) == 0 and pairs == 70
 
 
-def test_a_source_the_kernel_leaves_to_numpy_packs_as_split_gives() -> None:
-    """A misaligned source (the native write answers None): the numpy write and ``_split``, the same bytes
+def test_a_source_the_kernel_leaves_to_numpy_packs_as_numpy_gives() -> None:
+    """A misaligned source (the native write answers None): the numpy ``write_words``, the same bytes
     in the slab as the in-place refresh."""
     spec = "gemma4-31b-it-mtp"
     ours, ref = StaticBuffers(spec, upload_copies=2), StaticBuffers(spec)

@@ -17,7 +17,7 @@ from graphbuf.errors import ConcurrentUseError, RefreshError, RowsError, WidthEr
 
 pytestmark = [
     pytest.mark.backends_compared,
-    pytest.mark.skipif(native.STAGED is None, reason="the staged-write kernel is not built here"),
+    pytest.mark.skipif(native.KERNEL is None, reason="the staged-write kernel is not built here"),
 ]
 
 SPEC = "gemma4-31b-it-mtp"
@@ -28,8 +28,8 @@ QSL = {"query_start_loc": np.arange(0, 4 * 3 + 1, 4, dtype=np.int32)}
 def _pair(monkeypatch: pytest.MonkeyPatch) -> tuple[StaticBuffers, StaticBuffers]:
     """(native, python) buffers with every buffer but query_start_loc staged."""
     out = []
-    for kernel in (native.STAGED, None):
-        monkeypatch.setattr(native, "STAGED", kernel)
+    for kernel in (native.KERNEL, None):
+        monkeypatch.setattr(native, "KERNEL", kernel)
         b = StaticBuffers(SPEC, overrides={"num_blocks": 64})
         for name in b.names:
             if name != "query_start_loc":
@@ -213,7 +213,7 @@ def test_pack_pads_pairs_to_an_eighth_of_their_octave_with_copies_of_the_last(k:
     image = np.arange(4 * 4096, dtype=np.int32)
     rects = [(3 * i, 1, 1, 1) for i in range(k)]  # k one-word spans: k pairs
     arena = np.zeros(16 * 4096, dtype=np.uint8)
-    got = native.STAGED.pack(rects, image, [], 0, [], [], [], arena)
+    got = native.KERNEL.pack(rects, image, [], 0, [], [], [], arena)
     assert isinstance(got, tuple), got
     pairs, b, runs = got
     low = 1 << (k.bit_length() - 1)
@@ -232,7 +232,7 @@ def test_pack_sends_spans_of_run_min_words_as_runs() -> None:
     image = np.arange(8192, dtype=np.int32)
     arena = np.zeros(16 * 4096, dtype=np.uint8)
     rects = [(100, 1, 2048, 2048), (5000, 1, 2047, 2047)]
-    pairs, b, runs = native.STAGED.pack(rects, image, [], 0, [], [], [], arena)
+    pairs, b, runs = native.KERNEL.pack(rects, image, [], 0, [], [], [], arena)
     assert pairs == 2047 and runs == [(100, 2048)]
     np.testing.assert_array_equal(arena[12 * b : 12 * b + 4 * 2048].view(np.int32), image[100:2148])
 
@@ -247,12 +247,12 @@ def test_pack_refuses_a_staged_buffer_of_narrow_elements_before_others() -> None
     def core(dtype: type, index: int) -> object:
         host = np.zeros(8, dtype=dtype)
         zero = np.zeros(1, dtype).tobytes()
-        return native.STAGED.Staged(host, None, zero, None, None, tuple(range(9)), index, lock, 0, 8, None,
+        return native.KERNEL.Staged(host, None, zero, None, None, tuple(range(9)), index, lock, 0, 8, None,
                                     np.ndarray)  # fmt: skip
 
     narrow, wide = core(np.int16, 0), core(np.int32, 1)
     wide.set(2, np.array([7], dtype=np.int32))
     narrow.set(1, np.array([5], dtype=np.int16))
     arena = np.zeros(16 * 64, dtype=np.uint8)
-    got = native.STAGED.pack([], np.zeros(4, np.int32), [narrow, wide], 8, [8, 8], [0, 0], [0, 16], arena)
+    got = native.KERNEL.pack([], np.zeros(4, np.int32), [narrow, wide], 8, [8, 8], [0, 0], [0, 16], arena)
     assert got is None and narrow.pending and wide.pending

@@ -25,20 +25,18 @@ pytestmark = pytest.mark.backends_compared  # compares the backends itself (conf
 SPEC = "gemma4-31b-it-mtp"
 OVERRIDES = {"num_blocks": 64, "block_size": 16}  # blocks of 16: a step crosses boundaries often
 KERNEL = native.KERNEL
-STAGED = native.STAGED
 NAMES = {"slots": "slot_mapping", "offsets": "query_start_loc"}
 
 
 class StagedVsFull(RuleBasedStateMachine):
     staging: int | None = None
-    kernel: Any = None  # the refresh kernel
-    staged: Any = None  # the staged-write kernel
+    kernel: Any = None  # the native kernel, or None: the numpy backend
     device: str = "cpu"
 
     def __init__(self) -> None:
         super().__init__()
-        self._saved = native.KERNEL, native.STAGED
-        native.KERNEL, native.STAGED = self.kernel, self.staged
+        self._saved = native.KERNEL
+        native.KERNEL = self.kernel
         # staged writes (on self.device), full refreshes (on the cpu)
         self.a = StaticBuffers(SPEC, overrides=OVERRIDES, upload_copies=self.staging, device=self.device)
         cpu_staging = self.staging if self.device == "cpu" else None
@@ -48,7 +46,7 @@ class StagedVsFull(RuleBasedStateMachine):
         self.steps = 0
 
     def teardown(self) -> None:
-        native.KERNEL, native.STAGED = self._saved
+        native.KERNEL = self._saved
 
     @rule(data=st.data())
     def step(self, data: st.DataObject) -> None:
@@ -116,19 +114,15 @@ class StagedVsFull(RuleBasedStateMachine):
 
 
 def _machine(staging: int | None, path: str, device: str = "cpu") -> type[StagedVsFull]:
-    """``path``: "native" (both kernels), "numpy" (neither), "native-refresh" (the refresh kernel with the
-    Python host state: a native refresh falls back to the Python staged commit)."""
-    if path != "numpy" and (KERNEL is None or STAGED is None):
+    """``path``: "native" or "numpy", the backend both buffers are built with."""
+    if path != "numpy" and KERNEL is None:
         pytest.skip("the native kernels are not built here")
     kernel = KERNEL if path != "numpy" else None
-    staged = STAGED if path == "native" else None
-    return type(
-        "M", (StagedVsFull,), {"staging": staging, "kernel": kernel, "staged": staged, "device": device}
-    )
+    return type("M", (StagedVsFull,), {"staging": staging, "kernel": kernel, "device": device})
 
 
 @pytest.mark.parametrize("staging", [None, 2], ids=["in-place", "staged"])
-@pytest.mark.parametrize("path", ["native", "numpy", "native-refresh"])
+@pytest.mark.parametrize("path", ["native", "numpy"])
 def test_staged_writes_match_full_refreshes(staging: int | None, path: str) -> None:
     machine = _machine(staging, path)
     machine.TestCase.settings = settings(max_examples=12, stateful_step_count=20, deadline=None)
