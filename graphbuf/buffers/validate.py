@@ -1,9 +1,7 @@
 """Validation of one source, and of the call's request count and widths. Pure: nothing here writes memory.
 
-:func:`check_source` turns one source into a :data:`Prepared` record: a host array ready to copy (bfloat16 as
-its int16 bits) or a device tensor, its live rows and live width, after every check a refresh makes (type,
-dtype safe cast, layout, rows and width against the capacity, NaN and ``min``/``max`` on the live values).
-The checks cost O(live): only the source's own elements are read.
+:func:`check_source` makes a :class:`Prepared` record after every check a refresh makes (type, safe dtype
+cast, layout, rows and width against the capacity, NaN and ``min``/``max``), reading only the live values.
 """
 
 from __future__ import annotations
@@ -31,10 +29,8 @@ __all__ = [
     "count_of",
     "fit_typed",
     "live_requests",
-    "no_count_error",
     "prepared",
     "requests_hint",
-    "requests_of_rows",
     "values_fit",
 ]
 
@@ -43,12 +39,9 @@ Source = torch.Tensor | np.ndarray | Sequence[Any]
 
 
 class Prepared(NamedTuple):
-    """One validated source, ready to write. ``host``: host values (bfloat16 as its int16 bits) or None;
-    ``dev``: a source on the slab's device or None; the live values are ``host[:rows, :width]`` (1-D:
-    ``host[:rows]``): a bound source is passed whole, not sliced. The native write reads it as a 5-tuple.
-
-    Built on the hot path with :func:`prepared` (``tuple.__new__``), measured: ~0.13 µs more per source than
-    a plain tuple, where the NamedTuple constructor costs ~0.25 µs more."""
+    """One validated source, ready to write: ``host`` (bfloat16 as its int16 bits) or ``dev`` (a tensor on
+    the slab's device) holds it, its live values ``[:rows, :width]`` (1-D: ``[:rows]``); a bound source is
+    passed whole. The C kernel reads it as a 5-tuple."""
 
     slot: ResolvedBuffer
     host: np.ndarray | None
@@ -63,17 +56,13 @@ _new_tuple = tuple.__new__
 def prepared(
     slot: ResolvedBuffer, host: np.ndarray | None, dev: torch.Tensor | None, rows: int, width: int
 ) -> Prepared:
-    """A :class:`Prepared` record, built without the NamedTuple constructor's argument binding."""
+    """A :class:`Prepared` built without the NamedTuple constructor's argument binding (hot paths)."""
     return _new_tuple(Prepared, (slot, host, dev, rows, width))  # type: ignore[no-any-return]
 
 
-_BF16_SAFE_FROM = frozenset((torch.bool, torch.uint8, torch.int8, torch.bfloat16))
-_UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
-_IMAX = {d: int(np.iinfo(d).max) for d in _UNSIGNED}  # np.iinfo costs more than the reduction it guards
 _BF16_SAFE_NP = frozenset((np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.int8)))
-_MAX = np.maximum.reduce  # the ufunc's own reduce: ndarray.max() adds a Python wrapper per call
-_MIN = np.minimum.reduce
-_SMALL = 32  # elements up to which values_fit checks a 1-D source in Python (measured break-even)
+_FLOAT32_UP = (np.dtype(np.float32), np.dtype(np.float64))
+_CPU = torch.device("cpu")
 
 
 def count_of(n: Any) -> int | None:
@@ -96,7 +85,7 @@ def check_source(
     if tp is np.ndarray:
         host = src
     elif tp is torch.Tensor and src.is_cpu and src.dtype in NP_OF_TORCH and _plain(src):
-        host = src.detach().numpy() if src.requires_grad else src.numpy()  # detach() costs a new tensor
+        host = src.detach().numpy() if src.requires_grad else src.numpy()
     if host is not None and host.dtype in slot.fast:  # no dtype work, integer values
         return layout.backend.accept(layout, slot, name, host, size, label, strict)
     host, dev = _typed(layout, slot, name, src, label, device)
@@ -107,7 +96,7 @@ def fit_typed(
     layout: Layout, slot: ResolvedBuffer, name: str, host: np.ndarray, size: int, label: str, strict: bool
 ) -> Prepared:
     """A host source of a dtype ``slot`` casts safely without a value check, validated (layout, capacity,
-    bounds): what :meth:`graphbuf.buffers.backend.Backend.accept` does in numpy."""
+    bounds): :meth:`graphbuf.buffers.backend.Backend.accept`."""
     _check_layout(slot, host, name, label)
     return _fitted(layout, slot, name, host, None, size, label, strict)
 
@@ -115,7 +104,7 @@ def fit_typed(
 def _typed(
     layout: Layout, slot: ResolvedBuffer, name: str, src: Any, label: str, device: torch.device
 ) -> tuple[np.ndarray | None, torch.Tensor | None]:
-    """``src`` as host values or a device tensor of this device, after the type, dtype and layout checks."""
+    """``src`` as host values or a tensor on ``device``, after the type, dtype and layout checks."""
     tp = type(src)
     if isinstance(src, torch.Tensor):
         if tp is not torch.Tensor and tp is not torch.nn.Parameter:
@@ -125,21 +114,19 @@ def _typed(
                 "write); pass a plain torch.Tensor, e.g. t.as_subclass(torch.Tensor)",
             )  # fmt: skip
         _check_tensor_kind(slot, src, name, label)
-        if src.device.type == "cpu":
-            if src.dtype == torch.bfloat16 or src.dtype not in NP_OF_TORCH:
-                _check_torch_dtype(slot, src.dtype, name, label)
-                host = src.detach().to(torch.float32).numpy()
-                _check_layout(slot, host, name, label)
-            else:
-                host = src.detach().numpy()
-                check_typed(slot, host, name, label)
-            return host, None
-        if device.type != "cpu" and src.device == device:
-            _check_device_layout(slot, src, name, label)
+        on_device = src.device.type != "cpu"
+        if on_device and (device.type == "cpu" or src.device != device):
+            raise layout.fail(
+                RefreshError, name, label, f"source is on {src.device}; allowed: host memory or {device}"
+            )
+        _check_cast(slot, src.dtype, name, label)
+        if on_device:
+            _check_layout(slot, src, name, label)
             return None, src.detach()
-        raise layout.fail(
-            RefreshError, name, label, f"source is on {src.device}; allowed: host memory or {device}"
-        )
+        host = src.detach()  # bfloat16 (numpy has none) as float32
+        host = (host if src.dtype in NP_OF_TORCH else host.to(torch.float32)).numpy()
+        _check_layout(slot, host, name, label)
+        return host, None
     if isinstance(src, np.ndarray):
         if tp is not np.ndarray:
             raise layout.fail(
@@ -157,14 +144,10 @@ def _typed(
     )  # fmt: skip
 
 
-_CPU = torch.device("cpu")
-
-
 def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.ndarray:
-    """One row of staged values (1-D: a run of elements) under a refresh's rules of type, dtype and layout
-    (:func:`_typed`, the one value rule both share): a fresh, contiguous 1-D array of the buffer's dtype,
-    owned here (nothing the caller does to ``values`` afterwards reaches it). Bounds and NaN are checked
-    when a refresh commits the values."""
+    """One row of staged values (1-D: a run of elements) under a refresh's type, dtype and layout rules: a
+    fresh, contiguous 1-D array of the buffer's dtype that the caller's ``values`` no longer reach. Bounds
+    and NaN are checked when a refresh commits them."""
     tp = type(values)
     src = values
     if tp is np.ndarray or ((tp is torch.Tensor or tp is torch.nn.Parameter) and _plain(values)):
@@ -183,20 +166,6 @@ def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.nd
     return np.array(host, dtype=slot.np_dtype, order="C").reshape(-1)
 
 
-def _check_device_layout(slot: ResolvedBuffer, src: torch.Tensor, name: str, label: str) -> None:
-    _check_torch_dtype(slot, src.dtype, name, label)
-    if src.dim() != slot.ndim:
-        raise Layout.fail(
-            RefreshError, name, label, f"expected {slot.ndim}-D source, got shape {list(src.shape)}"
-        )
-    if src.dim() and src.shape[-1] > 1 and src.stride(-1) != 1:
-        raise Layout.fail(
-            RefreshError, name, label,
-            f"source elements are strided (stride {src.stride(-1)} in the last dim); pass rows "
-            "with contiguous elements (a transposed source is a layout bug)",
-        )  # fmt: skip
-
-
 def _fitted(
     layout: Layout,
     slot: ResolvedBuffer,
@@ -208,7 +177,7 @@ def _fitted(
     strict: bool,
 ) -> Prepared:
     """The typed source against the capacity at ``size`` (rows; width clipped or rejected by ``overflow``)
-    and its values against the bounds; bfloat16 host values as their int16 bits."""
+    and its values against the bounds (a device source's only when ``strict``)."""
     shape = host.shape if host is not None else tuple(dev.shape)  # type: ignore[union-attr]
     rows = shape[0]
     b = slot.plan
@@ -245,8 +214,8 @@ def _fitted(
             dense = host if min(host.strides, default=0) >= 0 else np.array(host, order="C")
             host = torch.from_numpy(dense).to(torch.bfloat16).view(torch.int16).numpy()
     elif strict and dev.numel():  # type: ignore[union-attr]
-        _check_values_device(layout, slot, dev, name, label)  # type: ignore[arg-type]
-    return _new_tuple(Prepared, (slot, host, dev, rows, width))
+        check_values(layout, slot, dev, name, label)
+    return prepared(slot, host, dev, rows, width)
 
 
 def _plain(t: torch.Tensor) -> bool:
@@ -269,13 +238,15 @@ def _check_tensor_kind(slot: ResolvedBuffer, t: torch.Tensor, name: str, label: 
         )
 
 
-def _check_torch_dtype(slot: ResolvedBuffer, dtype: torch.dtype, name: str, label: str) -> None:
-    if slot.bf16:
-        ok = dtype in _BF16_SAFE_FROM
-    elif dtype == torch.bfloat16:
-        ok = slot.np_dtype in (np.dtype(np.float32), np.dtype(np.float64))
+def _check_cast(slot: ResolvedBuffer, dtype: np.dtype | torch.dtype, name: str, label: str) -> None:
+    """A source of ``dtype`` (numpy's or torch's) casts safely to the buffer's dtype."""
+    np_dtype = NP_OF_TORCH.get(dtype) if isinstance(dtype, torch.dtype) else dtype
+    if dtype is torch.bfloat16:
+        ok = slot.bf16 or slot.np_dtype in _FLOAT32_UP
+    elif slot.bf16:
+        ok = np_dtype in _BF16_SAFE_NP
     else:
-        ok = dtype in NP_OF_TORCH and np.can_cast(NP_OF_TORCH[dtype], slot.np_dtype, "safe")
+        ok = np_dtype is not None and np_dtype.kind in "biuf" and np.can_cast(np_dtype, slot.np_dtype, "safe")
     if not ok:
         raise Layout.fail(
             RefreshError,
@@ -285,33 +256,29 @@ def _check_torch_dtype(slot: ResolvedBuffer, dtype: torch.dtype, name: str, labe
         )
 
 
-def _check_layout(slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str) -> None:
-    if arr.ndim != slot.ndim:
+def _check_layout(slot: ResolvedBuffer, src: np.ndarray | torch.Tensor, name: str, label: str) -> None:
+    """``src`` (a host array or a device tensor) has the buffer's rank and contiguous last-dim elements."""
+    if src.ndim != slot.ndim:
         raise Layout.fail(
-            RefreshError, name, label, f"expected {slot.ndim}-D source, got shape {list(arr.shape)}"
+            RefreshError, name, label, f"expected {slot.ndim}-D source, got shape {list(src.shape)}"
         )
-    # numpy gives empty arrays zero strides: only a non-empty source can be strided.
-    if arr.ndim and arr.size and arr.shape[-1] > 1 and arr.strides[-1] != arr.itemsize:
+    if not src.ndim or src.shape[-1] <= 1:
+        return
+    if isinstance(src, np.ndarray):  # numpy gives empty arrays zero strides: only a non-empty one is strided
+        apart = f"{src.strides[-1]} bytes apart" if src.size and src.strides[-1] != src.itemsize else ""
+    else:
+        apart = f"stride {src.stride(-1)}" if src.stride(-1) != 1 else ""
+    if apart:
         raise Layout.fail(
             RefreshError, name, label,
-            f"source elements are strided ({arr.strides[-1]} bytes apart in the last dim); pass rows "
-            "with contiguous elements (a transposed source is a layout bug)",
+            f"source elements are strided ({apart} in the last dim); pass rows with contiguous elements (a "
+            "transposed source is a layout bug)",
         )  # fmt: skip
 
 
 def check_typed(slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str) -> None:
     """A numpy source's dtype casts safely to the buffer's, and its layout fits (ndim, contiguous rows)."""
-    if slot.bf16:
-        ok = arr.dtype in _BF16_SAFE_NP
-    else:
-        ok = arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, slot.np_dtype, "safe")
-    if not ok:
-        raise Layout.fail(
-            RefreshError,
-            name,
-            label,
-            f"dtype {arr.dtype} cannot be cast safely to {dtype_name(slot.plan.dtype)}",
-        )
+    _check_cast(slot, arr.dtype, name, label)
     _check_layout(slot, arr, name, label)
 
 
@@ -405,72 +372,36 @@ def _integers(arr: np.ndarray, src: list | tuple) -> np.ndarray:
         return arr
 
 
-def _bounds_error(
-    layout: Layout, slot: ResolvedBuffer, name: str, label: str, at: Any, value: Any, which: str
-) -> RefreshError:
-    b = slot.plan
-    limit = b.min if which == "min" else b.max
-    spec = layout.plan.spec.buffers[b.spec_name]
-    rel = "below" if which == "min" else "above"
-    return Layout.fail(
-        RefreshError, name, label,
-        f"value {value} at index {list(at)} is {rel} {which} {limit} ({which}: {getattr(spec, which)})",
-    )  # fmt: skip
-
-
 def values_fit(slot: ResolvedBuffer, arr: np.ndarray) -> bool:
-    """True when every value of the non-empty integer ``arr`` lies within the slot's ``min``/``max``: one
-    reduction when ``min`` is 0 (viewed unsigned, a negative value lies above any ``max``). False for float
-    and bool arrays and for any value outside: then :func:`check_values` finds it and names it."""
-    kind = arr.dtype.kind
-    if kind not in "iu":
+    """True when every value of the non-empty integer ``arr`` lies within the slot's ``min``/``max``; False
+    for float and bool arrays and for any value outside: then :func:`check_values` finds it and names it."""
+    if arr.dtype.kind not in "iu":
         return False
-    if not arr.dtype.isnative:  # an explicit foreign byte order: compare the values in the host's
-        arr = arr.astype(arr.dtype.newbyteorder("="))
-    lo, hi = slot.lo, slot.hi
-    if arr.ndim == 1 and arr.shape[0] <= _SMALL:  # a short row: Python's min/max beat a ufunc reduce
-        vals = arr.tolist()
-        return (lo is None or min(vals) >= lo) and (hi is None or max(vals) <= hi)
-    if lo == 0 and hi is not None:
-        if kind == "u":
-            return bool(_MAX(arr, None) <= hi)
-        if hi <= _IMAX[arr.dtype]:
-            return bool(_MAX(arr.view(_UNSIGNED[arr.dtype]), None) <= hi)
-    if lo is not None and _MIN(arr, None) < lo:
-        return False
-    return hi is None or bool(_MAX(arr, None) <= hi)
+    return bool((slot.lo is None or arr.min() >= slot.lo) and (slot.hi is None or arr.max() <= slot.hi))
 
 
-def check_values(layout: Layout, slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str) -> None:
-    """NaN and ``min``/``max`` over the live values of one host source; the message gives the index.
-    (The refresh path asks :func:`values_fit` first and calls this only to find and name a bad value.)"""
-    if arr.dtype.kind == "f" and np.isnan(arr).any():
-        at = np.argwhere(np.isnan(arr))[0]
-        raise Layout.fail(RefreshError, name, label, f"NaN at index {at.tolist()}")
-    if slot.lo is not None:
-        amin = arr.min()
-        if amin < slot.lo:
-            raise _bounds_error(layout, slot, name, label, np.argwhere(arr == amin)[0].tolist(), amin, "min")
-    if slot.hi is not None:
-        amax = arr.max()
-        if amax > slot.hi:
-            raise _bounds_error(layout, slot, name, label, np.argwhere(arr == amax)[0].tolist(), amax, "max")
-
-
-def _check_values_device(
-    layout: Layout, slot: ResolvedBuffer, t: torch.Tensor, name: str, label: str
+def check_values(
+    layout: Layout, slot: ResolvedBuffer, arr: np.ndarray | torch.Tensor, name: str, label: str
 ) -> None:
-    # Strict mode only: each reduction read back to the host is a device sync.
-    if t.is_floating_point() and bool(torch.isnan(t).any()):
-        raise Layout.fail(RefreshError, name, label, "NaN in device source")
-    if slot.lo is not None:
-        amin = t.min().item()
-        if amin < slot.lo:
-            raise _bounds_error(layout, slot, name, label, (t == amin).nonzero()[0].tolist(), amin, "min")
-    if slot.hi is not None:
-        amax = t.max().item()
-        if amax > slot.hi:
-            raise _bounds_error(layout, slot, name, label, (t == amax).nonzero()[0].tolist(), amax, "max")
+    """NaN and ``min``/``max`` over the live values of one source, a host array or a device tensor (each
+    reduction read back from a device is a sync: strict mode only); the message gives the first index."""
+    xp: Any = torch if isinstance(arr, torch.Tensor) else np
+    if (arr.is_floating_point() if xp is torch else arr.dtype.kind == "f") and bool(xp.isnan(arr).any()):
+        at = "in device source" if xp is torch else f"at index {np.argwhere(np.isnan(arr))[0].tolist()}"
+        raise Layout.fail(RefreshError, name, label, f"NaN {at}")
+    for which, limit in (("min", slot.lo), ("max", slot.hi)):
+        if limit is None:
+            continue
+        value = arr.min() if which == "min" else arr.max()
+        if xp is torch:
+            value = value.item()
+        if value < limit if which == "min" else value > limit:
+            spec = layout.plan.spec.buffers[slot.plan.spec_name]
+            raise Layout.fail(
+                RefreshError, name, label,
+                f"value {value} at index {xp.argwhere(arr == value)[0].tolist()} is "
+                f"{'below' if which == 'min' else 'above'} {which} {limit} ({which}: {getattr(spec, which)})",
+            )  # fmt: skip
 
 
 def check_num_reqs(num_reqs: Any, cap: int | None, label: str, size: Any = None) -> int:
@@ -484,7 +415,7 @@ def check_num_reqs(num_reqs: Any, cap: int | None, label: str, size: Any = None)
     return n
 
 
-def requests_of_rows(layout: Layout, slot: ResolvedBuffer, rows: int, size: int | None) -> int | None:
+def _requests_of_rows(layout: Layout, slot: ResolvedBuffer, rows: int, size: int | None) -> int | None:
     """THE live-count rule: the request count ``rows`` rows of ``slot`` stand for at ``size`` tokens (None:
     any size, as for an eager step), or None when no count gives that many rows."""
     found = slot.requests_of_rows.get(rows)  # type: ignore[union-attr]
@@ -493,32 +424,27 @@ def requests_of_rows(layout: Layout, slot: ResolvedBuffer, rows: int, size: int 
     return found
 
 
-def no_count_error(label: str) -> RefreshError:
+def _no_count(label: str) -> RefreshError:
     return RefreshError(f"{label}: no source determines the live request count; pass num_reqs=")
 
 
 def requests_hint(layout: Layout, sources: Mapping[str, Any], label: str) -> int:
-    """The live request count the first source whose rows follow the request count stands for, read from its
-    row count alone (the size is not known yet): what :class:`graphbuf.GraphRunner` picks a capture size
-    by. The refresh then checks that every source agrees."""
+    """The live request count the rows of the first source that follows it stand for (the size is not known
+    yet): what :class:`graphbuf.GraphRunner` picks a capture size by; the refresh checks every source."""
     for name, src in sources.items():
         slot = layout.slots.get(name) if isinstance(name, str) else None
         if slot is None or slot.rows_of_requests is None:
             continue
-        rows = _rows_of(src)
-        if rows is not None:
-            n = requests_of_rows(layout, slot, rows, None)
-            if n is not None:
-                return n
-    raise no_count_error(label)
-
-
-def _rows_of(src: Any) -> int | None:
-    if isinstance(src, (np.ndarray, torch.Tensor)):
-        return int(src.shape[0]) if src.ndim else None
-    if isinstance(src, (list, tuple)):
-        return len(src)
-    return None  # not a source of rows: the refresh names what is wrong with it
+        if isinstance(src, (list, tuple)):
+            rows = len(src)
+        elif isinstance(src, (np.ndarray, torch.Tensor)) and src.ndim:
+            rows = int(src.shape[0])
+        else:
+            continue  # not a source of rows: the refresh names what is wrong with it
+        n = _requests_of_rows(layout, slot, rows, None)
+        if n is not None:
+            return n
+    raise _no_count(label)
 
 
 def live_requests(
@@ -532,33 +458,28 @@ def live_requests(
             continue
         if live is not None and live < len(table) and table[live] == rows:  # the common case, agreed
             continue
-        name = slot.name
         if live is None:
-            found = requests_of_rows(layout, slot, rows, size)
-            if found is None:
+            live = _requests_of_rows(layout, slot, rows, size)
+            if live is None:
                 raise Layout.fail(
-                    RefreshError,
-                    name,
-                    label,
+                    RefreshError, slot.name, label,
                     f"{rows} rows match no live request count (rows = {slot.plan.rows.text})",
-                )
-            live, source = found, name
-        else:
-            want = layout.rows_at(slot, size, live)
-            if want != rows:
-                raise Layout.fail(
-                    RefreshError, name, label,
-                    f"{rows} rows, but {source} implies {live} live requests, so {want} rows "
-                    f"(rows = {slot.plan.rows.text})",
                 )  # fmt: skip
+            source = slot.name
+        elif (want := layout.rows_at(slot, size, live)) != rows:
+            raise Layout.fail(
+                RefreshError, slot.name, label,
+                f"{rows} rows, but {source} implies {live} live requests, so {want} rows "
+                f"(rows = {slot.plan.rows.text})",
+            )  # fmt: skip
     if live is None:
-        raise no_count_error(label)
+        raise _no_count(label)
     return live
 
 
 def check_widths(widths: Any, wide: frozenset[str], label: str) -> dict[str, int]:
     """``widths`` (name → live width of a bound 2-D buffer) as ints; bool, float and str rejected."""
-    if type(widths) is not dict and not isinstance(widths, Mapping):  # the ABC check costs ~1 µs
+    if type(widths) is not dict and not isinstance(widths, Mapping):  # the ABC check is slow
         raise RefreshError(
             f"{label}: widths must be a mapping of buffer name to width, got {type(widths).__name__}"
         )

@@ -10,12 +10,12 @@ from pins import buffers, contents, numpy_path, path
 
 from graphbuf import RefreshError
 
-BIG = 40  # above validate._SMALL (32): values_fit takes its reduction path, not the Python min/max one
+BIG = 40  # elements per source: more than a short row
 
 
 def test_negative_int8_into_unsigned_shortcut_is_rejected_on_the_numpy_path() -> None:
-    """validate.py:321 ``if hi <= _IMAX[arr.dtype]`` negated: the unsigned view would be taken with ``hi``
-    above int8's max, and -1 (255 unsigned, below max 300) would be accepted."""
+    """A negative int8 value into a buffer of ``min`` 0, ``max`` 300 (above int8's max) is named on the numpy
+    path (an unsigned-view shortcut, since removed, could read -1 as 255, below the max)."""
     sb = buffers({"x": {"dtype": "int32", "rows": "tokens", "min": 0, "max": 300}}, sizes=[64])
     src = np.arange(BIG, dtype=np.int8)
     src[7] = -1
