@@ -6,16 +6,15 @@ columns touches the rectangle ``[:max(n, end, rows), :max(w, cols)]`` of that bu
 last padded row a ``repeat_last`` buffer fills at this capture size; 0 when no live row is there to repeat),
 so a refresh costs O(live rows × live width + the cells earlier refreshes dirtied), never O(capacity).
 
-The write runs in the buffers' kernel when they were built with it (``layout.kernel``; same cells, same
-values), else through numpy. On the cpu the rectangles are written into the slab in place. Staged (every
-accelerator; a cpu slab on request) they are written into one of ``depth`` host upload copies; then, with
-the native packer (``_staged.pack``), every rectangle of 4-byte elements up to :data:`PACK_MAX` bytes and
-the refresh's staged cells go into one arena as slab word indices and words, uploaded in one non-blocking
-copy and placed by one ``scatter_`` of the slab viewed as int32 words (device work independent of the
-number of buffers); larger rectangles, narrower elements and (without the packer) every rectangle are
-uploaded one copy each; device-resident sources are copied on the device last. An event recorded after
-the uploads fences each upload copy and its arena: they are reused only after their upload finished, so
-``depth`` must be at least the number of refreshes in flight.
+:meth:`Committer.apply` writes one refresh's plan: the full sources (through the buffers' backend), then
+the staged cells. On the cpu they are written into the slab in place. Uploaded (every accelerator; a cpu
+slab on request) the sources are written into one of ``depth`` host upload copies; with the native packer
+every rectangle of 4-byte elements up to :data:`PACK_MAX` bytes and the staged cells go into one arena as
+slab word indices and words, uploaded in one copy and placed by one ``scatter_`` of the slab as int32
+words; larger rectangles and narrower elements are uploaded one copy each, device-resident sources copied
+on the device last, and staged cells without the packer scattered once per element size. An event after
+the uploads fences each upload copy and its arenas, so ``depth`` must be at least the number of refreshes
+in flight.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import torch
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
 from graphbuf.buffers.validate import Prepared
 
-__all__ = ["PACK_MAX", "Committer", "RefreshStats", "rectangle", "write_live"]
+__all__ = ["PACK_MAX", "Cells", "Committer", "RefreshStats", "rectangle", "write_live"]
 
 #: Bytes up to which a rectangle a refresh touches goes into the packed upload (its word indices cost twice
 #: its 4-byte words); a larger one is uploaded on its own.
@@ -49,6 +48,22 @@ class RefreshStats(NamedTuple):
     total_bytes: int = 0
 
 
+class Cells(NamedTuple):
+    """One staged buffer's checked commit: its changed and entering cells (flat indices, or one slice of
+    them, and their values), then rows ``live..shown`` cleared over ``cols`` columns; the marks it leaves
+    are (``live``, ``colmark``)."""
+
+    slot: ResolvedBuffer
+    idx: np.ndarray | slice
+    vals: np.ndarray
+    live: int
+    shown: int
+    cols: int
+    colmark: int
+
+
+_INT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_TORCH_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _new_tuple = tuple.__new__
 _NOTHING_STAGED: tuple[list[Any], int, list[int]] = ([], 0, [])  # no staged cells to pack
 
@@ -143,6 +158,7 @@ class Committer:
         # Staged, with the native packer: one arena per upload copy (behind the same event), holding
         # the refresh's writes as slab word indices and words for one upload and one indexed write.
         self._packer = layout.backend.packer if self.uploads else None
+        self._staged_kernel = layout.backend.staged  # writes the cells a C staged check passed (in place)
         # Per slot, how its rectangles pack as 4-byte words: (word start, words per column, row stride in
         # words), or None for elements narrower than 4 bytes or a buffer not 4-byte aligned.
         self._words_of = tuple(
@@ -152,6 +168,10 @@ class Committer:
             for s in layout.order
         )
         self._arenas: list[_Arena | None] = [None] * len(self._targets)
+        # Staged cells without the packer: per turn a byte arena (indices, then values), and per element
+        # size a view of the whole slab they are scattered into.
+        self._cell_arenas: list[torch.Tensor | None] = [None] * len(self._targets)
+        self._slab_of: dict[int, torch.Tensor] = {}
         self._pin = slab.device.type != "cpu"
         self._slab_t = slab
         self._words: torch.Tensor = slab[:0]  # the slab as int32 words (made with the first arena)
@@ -180,38 +200,129 @@ class Committer:
 
     @property
     def marks(self) -> tuple[list[int], list[int]]:
-        """Every buffer's marks, rows and cols by slot index: the lists themselves, which a native staged
-        commit (:mod:`~graphbuf.buffers.staged`) updates in place."""
+        """Every buffer's marks, rows and cols by slot index (the lists themselves: the C staged check)."""
         return self._rows, self._cols
 
-    def set_mark(self, index: int, rows: int, cols: int) -> None:
-        """Set that mark after a write outside :meth:`write` (:mod:`~graphbuf.buffers.staged`)."""
-        self._rows[index], self._cols[index] = rows, cols
+    def flat(self, index: int) -> np.ndarray:
+        """The buffer at slot ``index`` as a flat numpy view of a cpu slab written in place."""
+        return self._targets[0][index].reshape(-1)
 
-    def count(self, nbytes: int) -> None:
-        """Add ``nbytes`` written outside :meth:`write` to the last refresh (call after it)."""
-        self._last += nbytes
-        self._total += nbytes
-
-    def write(self, prepared: Sequence[Prepared], size: int, staged: tuple[Any, ...] | None = None) -> int:
-        """Write every validated source at capture size ``size``. Validation is over: this never raises on
-        a source. ``staged``: (cores, n, bases) of a checked native staged commit, packed into the same
-        upload (upload copies with the packer); returns its bytes, or -1 when it could not be packed (the
-        caller commits it then)."""
+    def apply(
+        self,
+        size: int,
+        sources: Sequence[Prepared],
+        cells: Sequence[Cells] = (),
+        native: tuple[list[Any], list[Any], list[int]] | None = None,
+        n: int = 0,
+    ) -> bool:
+        """Write one refresh's plan, every value checked (this never raises on a value): the full ``sources``
+        at ``size`` tokens, then the staged cells (a source may view a staged buffer: it is read before that
+        buffer is written): ``cells`` checked in Python, or ``native`` (cores, in-place targets, word bases)
+        checked by the C staged commit at ``n`` live requests, which writes or packs them. False when C could
+        not pack its cells into the upload (none of them written): the caller then writes them with
+        :meth:`write_cells`."""
         k = self._turn
         if self._events[k] is not None:
             self._events[k].synchronize()  # the upload that last read this upload copy has finished
         if self._packer is not None:
-            return self._write_packed(k, prepared, size, staged)
-        targets = self._targets[k]
-        touched = self._rectangles(prepared, size) if self.uploads else None
-        moved = self.layout.backend.write(
-            targets, prepared, self._ends[size], self._pads, self._rows, self._cols, self._slab
-        )
-        self._refreshes += 1
-        self._last = moved
+            moved = self._write_packed(k, sources, size, native and (native[0], n, native[2]))
+            if moved < 0:
+                return False
+        else:
+            touched = self._rectangles(sources, size) if self.uploads else None
+            moved = self.layout.backend.write(
+                self._targets[k], sources, self._ends[size], self._pads, self._rows, self._cols, self._slab
+            )
+            self._refreshes += 1
+            self._last = moved
+            self._total += moved
+            if touched is not None:
+                self._copy(k, touched)
+            moved = 0
+            if native is not None:  # in place: C writes the cells its check passed
+                cores, targets, _ = native
+                kernel: Any = self._staged_kernel
+                moved = kernel.commit(cores, n, self._rows, self._cols, targets, True)
+        self._last += moved
         self._total += moved
-        return self._copy(k, touched) if touched is not None else 0
+        if cells:
+            self.write_cells(cells)
+        return True
+
+    def write_cells(self, cells: Sequence[Cells]) -> None:
+        """Write checked staged ``cells`` (in place, or one upload scattered per element size), set their
+        marks and count their bytes in the last refresh."""
+        moved = self._upload_cells(cells) if self.uploads else self._cells_in_place(cells)
+        for c in cells:
+            self._rows[c.slot.index], self._cols[c.slot.index] = c.live, c.colmark
+        self._last += moved
+        self._total += moved
+
+    def _cells_in_place(self, cells: Sequence[Cells]) -> int:
+        moved = 0
+        for slot, idx, vals, live, shown, cols, _ in cells:
+            t = self._targets[0][slot.index]
+            isz = slot.itemsize
+            if vals.size:
+                t.reshape(-1)[idx] = vals
+                moved += vals.size * isz
+            if shown > live:
+                (t[live:shown, :cols] if t.ndim == 2 else t[live:shown])[...] = slot.pad
+                moved += (shown - live) * (cols if t.ndim == 2 else 1) * isz
+        return moved
+
+    def _upload_cells(self, cells: Sequence[Cells]) -> int:
+        """Every cell, cleared ones included, in one host arena (indices, then values per element size), one
+        upload, then one indexed write of the slab per element size."""
+        groups: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        for slot, idx, vals, live, shown, cols, _ in cells:
+            isz = slot.itemsize
+            base = slot.plan.offset // isz
+            ix, vx = groups.setdefault(isz, ([], []))
+            if vals.size:
+                ix.append((np.arange(idx.start, idx.stop) if type(idx) is slice else idx) + base)
+                vx.append(vals.view(_INT_OF_SIZE[isz]))
+            if shown > live:
+                w = slot.plan.shape[1] if slot.ndim == 2 else 1
+                cleared = (
+                    np.arange(live, shown)[:, None] * w + np.arange(cols if slot.ndim == 2 else 1)
+                ).ravel()
+                if cleared.size:
+                    ix.append(cleared + base)
+                    vx.append(np.full(cleared.size, slot.pad, slot.np_dtype).view(_INT_OF_SIZE[isz]))
+        parts = []  # (element size, index offset, count, value offset, indices, values)
+        total = moved = 0
+        for isz, (ix, vx) in groups.items():
+            if ix:
+                i, v = np.concatenate(ix).astype(np.int64, copy=False), np.concatenate(vx)
+                at_v = total + 8 * i.size
+                parts.append((isz, total, i.size, at_v, i, v))
+                total = (at_v + isz * i.size + 7) & ~7
+                moved += isz * i.size
+        if not parts:
+            return 0
+        k = self._turn
+        if self._events[k] is not None:
+            self._events[k].synchronize()  # the upload that last read this turn's arena has finished
+        arena = self._cell_arenas[k]
+        if arena is None or arena.numel() < total:
+            arena = self._cell_arenas[k] = torch.empty(
+                max(total, 4096) * 2, dtype=torch.uint8, pin_memory=self._pin
+            )
+        host = arena.numpy()
+        for isz, at_i, n, at_v, i, v in parts:
+            host[at_i : at_i + 8 * n].view(np.int64)[:] = i
+            host[at_v : at_v + isz * n].view(v.dtype)[:] = v
+        dev = arena[:total].to(self.device, non_blocking=True) if self._pin else arena[:total]
+        for isz, at_i, n, at_v, _, _ in parts:
+            target = self._slab_of.get(isz)
+            if target is None:
+                target = self._slab_of[isz] = self._slab_t[: self._slab_t.numel() // isz * isz].view(
+                    _TORCH_OF_SIZE[isz]
+                )
+            target[dev[at_i : at_i + 8 * n].view(torch.int64)] = dev[at_v : at_v + isz * n].view(target.dtype)
+        self._fence(k)
+        return moved
 
     def _write_packed(self, k: int, prepared: Sequence[Prepared], size: int, staged: Any) -> int:
         """:meth:`write` with the packer: the sources into upload copy ``k``; the rectangles they touched

@@ -133,7 +133,7 @@ class StaticBuffers:
             "{call}: another thread is using these StaticBuffers (or BoundSources bound to them); use one "
             "StaticBuffers per thread or serialize the calls"
         )
-        self._staged = StagedWrites(self.layout, self._commit, full, self.slab, self._guard)
+        self._staged = StagedWrites(self.layout, self._commit, full, self._guard)
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:

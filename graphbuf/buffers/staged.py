@@ -1,68 +1,40 @@
-"""Staged writes: say what changed in a buffer's host state; the next refresh checks and uploads only that.
+"""Staged writes: say what changed in a buffer's host state; the next refresh checks and writes only that.
 
-The write API mirrors what servers do to persistent metadata (vLLM's ``BlockTable``): set or append values
-in a row from a column, set a whole row, move or swap rows (batch condensing), clear a row, and scatter many
-cells at once. :meth:`graphbuf.StaticBuffers.stage` returns a :class:`StagedBuffer` per buffer.
+The write API is what servers do to persistent metadata (vLLM's ``BlockTable``): set or append values in a
+row from a column, set a row, move or swap rows, clear a row, scatter cells. ``StaticBuffers.stage`` returns
+a :class:`StagedBuffer` per buffer.
 
-Model. A staged buffer has a *host state*: an array of the buffer's whole allocation (its shape at the
-largest capture size), all pad until its first staged write, when it takes the buffer's current contents
-(a one-time read). Staged writes change the host state at once and are recorded as changed cells. The next
-``refresh(size, sources, num_reqs=n)`` that leaves the buffer out of ``sources`` commits it: afterwards the
-buffer holds exactly what a full refresh with source ``host[:rows]`` (``rows``: the spec's rows at ``n``
-requests) would write. A buffer given whole in a refresh takes that source as its host state (rows past
-the live rows become pad); giving it whole while it has uncommitted staged writes is an error.
+Model. A staged buffer has a *host state*, an array of its whole allocation that takes the buffer's contents
+at the first ``stage()``. Writes change it at once and record the changed cells. The next
+``refresh(size, sources, num_reqs=n)`` that leaves the buffer out of ``sources`` commits it: the buffer then
+holds what a full refresh with source ``host[:rows]`` (the spec's rows at ``n``) would write. A buffer given
+whole takes that source as its host state; giving it whole with uncommitted writes is an error.
 
-Cost. A commit reads and writes only the changed cells of live rows, the whole used width of rows that
-enter the live range (``n`` grew), and the cells the high-water marks say must be cleared (``n`` shrank).
-Only those values are checked, with the rules of a full refresh; on a failure the live region goes through
-:func:`graphbuf.buffers.validate.check_values`, so the error type and message are a full refresh's.
+Commit. Only the changed cells of live rows, the used width of rows entering the live range and the cells
+the high-water marks say must be cleared are checked (a full refresh's rules and messages) and written,
+after the full sources, by :meth:`graphbuf.buffers.commit.Committer.apply`. A commit that raises writes
+nothing and its writes stay staged.
 
-Rejected commits. Staged values are checked when a refresh commits them, every check before any write: a
-refresh that raises changes no byte of the buffers, and its staged writes stay staged (the host state keeps
-them); stage new values over the rejected cells and refresh again.
-
-Uploads. On a cpu slab written in place the cells are copied from the host states into the slab. Uploaded
-(every accelerator; a cpu slab with ``upload_copies=N``) the cells of all staged buffers of a refresh go
-into the refresh's one packed upload (native host state), or into one host arena (element indices, then
-values) uploaded in one non-blocking copy and scattered with one indexed write per element size (1, 2, 4
-or 8 bytes), not one per buffer (Python host state). The ``depth`` arenas take turns behind an event, as
-the upload copies of a full refresh do.
-
-Two host states, one behaviour. The host state's kind is chosen once, when the buffers are built. With
-the native kernel (``graphbuf/buffers/_staged.c``, :data:`graphbuf.buffers.native.KERNEL`) a host state,
-its changed cells and its writes live in C, and :meth:`graphbuf.StaticBuffers.stage` hands it out as it is
-(``_native.Staged``, registered as a :class:`StagedBuffer`: no Python frame per write). A write whose
-arguments are already plain (int rows and columns inside the allocation; values an exact
-``numpy.ndarray``, contiguous, 1-D, of the buffer's element type, or a list of ints that fit it) runs
-without a Python check; any other goes through the same Python checks (:class:`_Checks`) first. On a cpu
-slab written in place the commit is two native calls, in the Python commit's order: every staged check
-before the refresh writes anything (a value that fails sends the refresh to the Python commit, which names
-it), every staged write after its full sources (a staged buffer is never a full source of the same
-refresh, so no source changes between its check and its write). Without the kernel (no C compiler,
-``GRAPHBUF_NATIVE=0``) the Python host state (:class:`StagedBuffer` itself) does the same in numpy. Both
-write the same bytes and raise the same errors (``test_staged_native.py``, the state machine of
-``test_staged_state_machine.py`` and the differential fuzzer ``tests/integration/fuzz_staged.py``).
-
-Ownership. A write copies its indices and values at the call (the C scatter before its check), checks the
-copy and writes it: a caller that reuses or changes its arrays afterwards, or passes views of the host
-state itself, changes nothing it did not ask for. :attr:`StagedBuffer.host` and
+Host states. The backend's kind, chosen with the buffers: the C ``_native.Staged`` (registered as a
+:class:`StagedBuffer`; plain arguments run without a Python frame, others through :class:`_Checks` first;
+its cells are checked and written or packed in C) or :class:`StagedBuffer` itself in numpy. Both give the
+same bytes and errors. A write copies its arguments before checking them; :attr:`StagedBuffer.host` and
 :attr:`StagedBuffer.lengths` are views that cannot be made writable.
 
-Limits: buffers padded ``repeat_last``, ``bfloat16`` buffers and buffers whose width differs between
-capture sizes take full refreshes only (:meth:`StagedWrites.buffer` says so).
+Limits: ``repeat_last``, ``bfloat16`` and buffers whose width differs between capture sizes are refreshed
+whole (:meth:`StagedWrites.buffer` says so).
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Mapping, Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from graphbuf.buffers.commit import Committer
+from graphbuf.buffers.commit import Cells, Committer
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
 from graphbuf.buffers.validate import Prepared, check_row, check_values
 from graphbuf.errors import RefreshError, RowsError, WidthError
@@ -73,8 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["StagedBuffer", "StagedWrites"]
 
-_INT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-_TORCH_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _EMPTY = np.zeros(0, dtype=np.int64)
 _FEW = 8  # up to this many runs are expanded one arange each
 
@@ -483,47 +453,25 @@ def _read_only(arr: np.ndarray) -> np.ndarray:
     return np.asarray(memoryview(arr).toreadonly())
 
 
-# One staged buffer's commit, checked and not yet written: (checks, host state, live rows, changed and
-# entering flat indices (or one slice of them), their values, first and last cleared row, cleared columns,
-# column mark).
-_CellWrite = tuple["_Checks", StagedBuffer, int, np.ndarray | slice, np.ndarray, int, int, int, int]
-
-
 class StagedWrites:
     """The staged buffers of one slab: their host states, the check of a commit and its upload."""
 
     def __init__(
-        self,
-        layout: Layout,
-        committer: Committer,
-        full: Mapping[str, torch.Tensor],
-        slab: torch.Tensor,
-        guard: Exclusive,
+        self, layout: Layout, committer: Committer, full: Mapping[str, torch.Tensor], guard: Exclusive
     ) -> None:
         self.layout = layout
         self.guard = guard
         self._commit = committer
         self._full = full
-        self._slab = slab
         self._handles: dict[str, StagedBuffer] = {}  # the handles: the host states themselves
         self._checks: dict[str, _Checks] = {}  # their checks (a Python host state is its own)
         self.names: frozenset[str] = frozenset()
         #: The buffers a refresh must be given: the required ones not staged.
         self.required: frozenset[str] = layout.required
-        self._staged = committer.uploads
-        self._targets: dict[str, np.ndarray] = {}  # in place: flat numpy views of the slab
-        # Staged: per element size a view of the whole slab, and a ring of host arenas behind events.
-        self._slab_of: dict[int, torch.Tensor] = {}
-        depth = committer.depth if self._staged else 1
-        self._arenas: list[torch.Tensor | None] = [None] * depth
-        self._events: list[Any] = [None] * depth
-        self._turn = 0
-        self._pin = slab.device.type != "cpu"
-        # The native commit (in place, every host state native): the host states and their targets.
-        self._cores: list[Any] = []
-        self._core_targets: list[np.ndarray] = []
-        self._native: ModuleType | None = None
-        self._bases: list[int] = []  # staged: each core's buffer offset in 4-byte slab words
+        # The C staged commit, when every host state is native (and, uploaded, packs as 4-byte words):
+        # the host states, their in-place targets and their offsets in slab words.
+        self._native: tuple[list[Any], list[Any], list[int]] | None = None
+        self._marks = committer.marks  # the committer's own lists (read by the C check)
         self._kernel = staged_kernel = layout.backend.staged  # the host state's kind: the backend's
         if staged_kernel is not None:
             StagedBuffer.register(staged_kernel.Staged)  # the native host state is a StagedBuffer
@@ -566,24 +514,18 @@ class StagedWrites:
                 host, lens, slot.pad.tobytes(), slot.lo, slot.hi, table, slot.index, self.guard.lock, colmax,
                 rows, checks, np.ndarray,
             )  # fmt: skip
-        if not self._staged:
-            self._targets[name] = t.numpy().reshape(-1)
         self._handles[name] = h
         self._checks[name] = checks
         self.names = frozenset(self._handles)
         self.required = self.layout.required.difference(self.names)
-        if kernel is not None and not self._staged:
-            self._cores = list(self._handles.values())
-            self._core_targets = [self._targets[name] for name in self._handles]
-            self._native = kernel
-        elif kernel is not None:  # staged: packed as 4-byte slab words, when every staged buffer is
-            words = all(
-                c.slot.itemsize % 4 == 0 and c.slot.plan.offset % 4 == 0 for c in self._checks.values()
-            )
-            self._cores = list(self._handles.values())
-            self._core_targets = [None] * len(self._cores)  # type: ignore[list-item]
-            self._bases = [c.slot.plan.offset // 4 for c in self._checks.values()]
-            self._native = kernel if words else None
+        commit, slots = self._commit, [c.slot for c in self._checks.values()]
+        if kernel is not None and (
+            not commit.uploads or all(s.itemsize % 4 == 0 and s.plan.offset % 4 == 0 for s in slots)
+        ):  # uploaded, C packs the cells as 4-byte slab words: every staged buffer must be
+            targets = [None if commit.uploads else commit.flat(s.index) for s in slots]
+            self._native = (list(self._handles.values()), targets, [s.plan.offset // 4 for s in slots])
+        else:
+            self._native = None
         return h
 
     def host_sources(self, names: Iterable[str], size: int, n: int) -> dict[str, np.ndarray]:
@@ -598,42 +540,45 @@ class StagedWrites:
         return out
 
     def commit(self, prepared: list[Prepared], size: int, n: int, label: str) -> None:
-        """A refresh's writes at ``size`` tokens and ``n`` live requests, in the one order: every staged
-        value checked (nothing written if one fails), then the full sources ``prepared`` (checked already),
-        then the staged cells. The staged cells' check and write run in C when every host state is native
-        and no staged buffer is given whole (packed into the refresh's one upload when uploaded); otherwise
-        through :meth:`check` and :meth:`write`, which name any error."""
-        committer = self._commit
+        """A refresh's writes at ``size`` tokens and ``n`` live requests: every staged value checked (nothing
+        written if one fails), then one plan applied by :meth:`Committer.apply` (the full sources
+        ``prepared``, checked already, then the staged cells); the host states then forget their changes. The
+        check runs in C when every host state is native and no staged buffer is given whole; otherwise (and
+        to name an error) :meth:`check` runs."""
+        commit = self._commit
         if not self._handles:
-            committer.write(prepared, size)
+            commit.apply(size, prepared)
             return
-        kernel = self._native
-        if kernel is not None:
-            rows, cols = committer.marks
+        native = self._native
+        if native is not None:
             handles = self._handles
-            given = False
             for p in prepared:
                 if p[0].name in handles:
-                    given = True
-                    break
-            if not given and kernel.commit(self._cores, n, rows, cols, self._core_targets, False) is True:
-                if not self._staged:  # in place: the full sources, then the staged cells
-                    committer.write(prepared, size)
-                    moved = kernel.commit(self._cores, n, rows, cols, self._core_targets, True)
-                    if moved:
-                        committer.count(moved)
+                    break  # a staged buffer given whole: the Python commit takes its host state
+            else:
+                rows, cols = self._marks
+                if self._kernel.commit(native[0], n, rows, cols, native[1], False) is True:  # type: ignore[union-attr]
+                    if not commit.apply(size, prepared, (), native, n):
+                        self._write(self.check((), size, n, label))  # not packed: its checks passed in C
                     return
-                moved = committer.write(prepared, size, (self._cores, n, self._bases))
-                if moved > 0:
-                    committer.count(moved)
-                elif moved < 0:  # not packed: the Python commit (its checks pass: they ran in C)
-                    self.write(self.check(prepared, size, n, label), prepared)
-                return
         cells = self.check(prepared, size, n, label)
-        committer.write(prepared, size)
-        self.write(cells, prepared)
+        commit.apply(size, prepared, cells)
+        self._forget(cells)
+        for p in prepared:
+            h = self._handles.get(p.slot.name)
+            if h is not None:
+                self._absorb(h, p)
 
-    def check(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[_CellWrite]:
+    def _write(self, cells: list[Cells]) -> None:
+        self._commit.write_cells(cells)
+        self._forget(cells)
+
+    def _forget(self, cells: list[Cells]) -> None:
+        """The host states of committed ``cells`` forget their changes."""
+        for c in cells:
+            self._handles[c.slot.name].clear()
+
+    def check(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[Cells]:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
         writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error."""
         handles = self._handles
@@ -682,121 +627,8 @@ class StagedWrites:
                 region = m.state[:live]
                 check_values(layout, slot, region, name, label)  # raises with a full refresh's message
             colmark = (core.colmax if m.wide else 0) if live else 0
-            cells.append((m, core, live, idx, vals, live, shown if shown > live else live, cols, colmark))
+            cells.append(Cells(slot, idx, vals, live, max(shown, live), cols, colmark))
         return cells
-
-    def write(self, cells: list[_CellWrite], prepared: Sequence[Prepared]) -> None:
-        """Write checked ``cells`` (cpu: in place; staged: one packed upload) and take the host state of
-        every staged buffer given whole in ``prepared``. Adds the bytes to the refresh's stats."""
-        moved = 0
-        if cells:
-            moved = self._write_in_place(cells) if not self._staged else self._upload(cells)
-            commit = self._commit
-            for m, core, live, *_, colmark in cells:
-                core.clear()
-                commit.set_mark(m.slot.index, live, colmark)
-        if len(prepared) and self._handles:
-            for p in prepared:
-                m = self._handles.get(p.slot.name)
-                if m is not None:
-                    self._absorb(m, p)
-        if moved:
-            self._commit.count(moved)
-
-    def _write_in_place(self, cells: list[_CellWrite]) -> int:
-        moved = 0
-        for m, _, _, idx, vals, c0, c1, ccols, _ in cells:
-            t = self._targets[m.slot.name]
-            isz = m.slot.itemsize
-            if vals.size:
-                t[idx] = vals
-                moved += vals.size * isz
-            if c1 > c0:
-                if m.wide:
-                    t.reshape(m.rows, m.width)[c0:c1, :ccols] = m.slot.pad
-                    moved += (c1 - c0) * ccols * isz
-                else:
-                    t[c0:c1] = m.slot.pad
-                    moved += (c1 - c0) * isz
-        return moved
-
-    def _upload(self, cells: list[_CellWrite]) -> int:
-        """Every plan's cells, cleared cells included, in one packed host arena and one upload, then one
-        indexed write per element size."""
-        groups: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
-        moved = 0
-        for m, _, _, idx, vals, c0, c1, ccols, _ in cells:
-            slot = m.slot
-            isz = slot.itemsize
-            base = slot.plan.offset // isz
-            bits = _INT_OF_SIZE[isz]
-            ix, vx = groups.setdefault(isz, ([], []))
-            if vals.size:
-                if type(idx) is slice:
-                    idx = np.arange(idx.start, idx.stop, dtype=np.int64)
-                ix.append(idx + base)
-                vx.append(vals.view(bits))
-            if c1 > c0:
-                w = m.width
-                if m.wide:
-                    cells = (np.arange(c0, c1, dtype=np.int64)[:, None] * w + np.arange(ccols)).reshape(-1)
-                else:
-                    cells = np.arange(c0, c1, dtype=np.int64)
-                if cells.size:
-                    ix.append(cells + base)
-                    vx.append(np.full(cells.size, slot.pad, dtype=slot.np_dtype).view(bits))
-        layout = []  # (size, index offset, count, value offset)
-        total = 0
-        for isz, (ix, vx) in groups.items():
-            if not ix:
-                continue
-            i = ix[0] if len(ix) == 1 else np.concatenate(ix)
-            v = vx[0] if len(vx) == 1 else np.concatenate(vx)
-            k = i.size
-            at_i = total
-            at_v = at_i + 8 * k
-            total = (at_v + isz * k + 7) & ~7
-            layout.append((isz, at_i, k, at_v, i, v))
-            moved += isz * k
-        if not layout:
-            return 0
-        turn = self._turn
-        arena = self._arena(turn, total)
-        host = arena.numpy()
-        for isz, at_i, k, at_v, i, v in layout:
-            host[at_i : at_i + 8 * k].view(np.int64)[:] = i
-            host[at_v : at_v + isz * k].view(v.dtype)[:] = v
-        dev = arena[:total].to(self._slab.device, non_blocking=True) if self._pin else arena[:total]
-        for isz, at_i, k, at_v, _, _ in layout:
-            target = self._slab_of.get(isz)
-            if target is None:
-                n = self._slab.numel() // isz * isz
-                target = self._slab[:n].view(_TORCH_OF_SIZE[isz])
-                self._slab_of[isz] = target
-            target[dev[at_i : at_i + 8 * k].view(torch.int64)] = dev[at_v : at_v + isz * k].view(target.dtype)
-        self._fence(turn)
-        return moved
-
-    def _arena(self, turn: int, nbytes: int) -> torch.Tensor:
-        """Host arena ``turn`` of the ring, at least ``nbytes`` long, once the upload that last read it
-        finished."""
-        if self._events[turn] is not None:
-            self._events[turn].synchronize()
-            self._events[turn] = None
-        arena = self._arenas[turn]
-        if arena is None or arena.numel() < nbytes:
-            arena = torch.empty(max(nbytes, 4096) * 2, dtype=torch.uint8, pin_memory=self._pin)
-            self._arenas[turn] = arena
-        return arena
-
-    def _fence(self, turn: int) -> None:
-        """After an upload from arena ``turn``: its event (off the cpu), and the next arena's turn."""
-        device = self._slab.device
-        if device.type != "cpu":
-            event = getattr(torch, device.type).Event()
-            event.record()
-            self._events[turn] = event
-        self._turn = (turn + 1) % len(self._arenas)
 
     def _absorb(self, h: StagedBuffer, p: Prepared) -> None:
         """A refresh gave ``h``'s buffer whole: its live values become the host state, other rows pad."""
