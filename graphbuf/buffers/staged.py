@@ -341,81 +341,56 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
             if r + k > self.top:
                 self.top = r + k
 
+    def _put_row(self, r: int, arr: np.ndarray, grow: bool = True) -> None:
+        """Row ``r`` becomes ``arr``, the rest of its used width the pad (1-D: element ``r`` becomes
+        ``arr[0]``); the changed run recorded, and (``grow``) the row below :attr:`top`."""
+        if not self.wide:
+            self.state[r] = arr[0]
+            self.runs.append((r, r + 1))
+        else:
+            lens, k = self.lens, arr.shape[0]
+            old = int(lens[r])  # type: ignore[index]
+            self.state[r, :k] = arr
+            if old > k:
+                self.state[r, k:old] = self.slot.pad
+            lens[r] = k  # type: ignore[index]
+            if k > self.colmax:
+                self.colmax = k
+            self.runs.append((r * self.width, r * self.width + max(k, old)))
+        if grow and r >= self.top:
+            self.top = r + 1
+
+    def _row_values(self, r: int) -> np.ndarray:
+        """A copy of row ``r``'s used values (1-D: its one element)."""
+        return (self.state[r, : int(self.lens[r])] if self.wide else self.state[r : r + 1]).copy()  # type: ignore[index]
+
     def set_row(self, row: Any, values: Any) -> None:
         """Row ``row`` becomes ``values``, the rest of the row the pad (1-D: one element)."""
         with self.guard.hold("set_row()"):
-            r, arr = self._normalize("set_row", row, values)
-            k = arr.shape[0]
-            if not self.wide:
-                self.state[r] = arr[0]
-                self.runs.append((r, r + 1))
-            else:
-                lens = self.lens
-                old = int(lens[r])  # type: ignore[index]
-                self.state[r, :k] = arr
-                if old > k:
-                    self.state[r, k:old] = self.slot.pad
-                lens[r] = k  # type: ignore[index]
-                if k > self.colmax:
-                    self.colmax = k
-                start = r * self.width
-                self.runs.append((start, start + max(k, old)))
-            if r >= self.top:
-                self.top = r + 1
+            self._put_row(*self._normalize("set_row", row, values))
 
     def clear_row(self, row: Any) -> None:
         """Row ``row`` becomes the pad."""
         with self.guard.hold("clear_row()"):
             (r,) = self._normalize("clear_row", row)
-            if self.wide:
-                old = int(self.lens[r])  # type: ignore[index]
-                if old:
-                    self.state[r, :old] = self.slot.pad
-                    self.lens[r] = 0  # type: ignore[index]
-                    self.runs.append((r * self.width, r * self.width + old))
-            else:
-                self.state[r] = self.slot.pad
-                self.runs.append((r, r + 1))
+            if not self.wide or self.lens[r]:  # type: ignore[index]
+                self._put_row(r, self.state[r, :0] if self.wide else np.array([self.slot.pad]), grow=False)
 
     def move_row(self, src: Any, dst: Any) -> None:
         """Row ``dst`` becomes a copy of row ``src`` (``src`` keeps its values), as vLLM's ``move_row``."""
         with self.guard.hold("move_row()"):
             s, d = self._normalize("move_row", src, dst)
-            if s == d:
-                return
-            if self.wide:
-                lens = self.lens
-                k, old = int(lens[s]), int(lens[d])  # type: ignore[index]
-                self.state[d, :k] = self.state[s, :k]
-                if old > k:
-                    self.state[d, k:old] = self.slot.pad
-                lens[d] = k  # type: ignore[index]
-                self.runs.append((d * self.width, d * self.width + max(k, old)))
-            else:
-                self.state[d] = self.state[s]
-                self.runs.append((d, d + 1))
-            if d >= self.top:
-                self.top = d + 1
+            if s != d:
+                self._put_row(d, self._row_values(s))
 
     def swap_rows(self, a: Any, b: Any) -> None:
         """Rows ``a`` and ``b`` trade values."""
         with self.guard.hold("swap_rows()"):
             i, j = self._normalize("swap_rows", a, b)
-            if i == j:
-                return
-            if self.wide:
-                lens = self.lens
-                k = int(max(lens[i], lens[j]))  # type: ignore[index]
-                self.state[[i, j], :k] = self.state[[j, i], :k]
-                lens[i], lens[j] = lens[j], lens[i]  # type: ignore[index]
-                w = self.width
-                self.runs.append((i * w, i * w + k))
-                self.runs.append((j * w, j * w + k))
-            else:
-                self.state[[i, j]] = self.state[[j, i]]
-                self.runs.append((i, i + 1))
-                self.runs.append((j, j + 1))
-            self.top = max(self.top, i + 1, j + 1)
+            if i != j:
+                vi, vj = self._row_values(i), self._row_values(j)
+                self._put_row(i, vj)
+                self._put_row(j, vi)
 
     def scatter(self, rows: Any, values: Any, cols: Any = None) -> None:
         """Many cells at once: cell ``(rows[i], cols[i])`` (1-D: element ``rows[i]``) becomes ``values[i]``.
