@@ -1,9 +1,5 @@
-"""Eager inputs: what a step above the largest capture size reads, built fresh from validated sources.
-
-The sources went through exactly the validation of a refresh (same errors, same messages but for the
-``eager(size=N)`` label); the tensors are padded as a refresh pads a captured buffer, with the same
-:func:`graphbuf.buffers.commit.write_live`. No byte of the captured buffers is touched.
-"""
+"""Eager inputs: fresh tensors for a step above the largest capture size, from sources validated as a refresh
+validates them and padded by the same :func:`graphbuf.buffers.commit.write_live`; no captured byte touched."""
 
 from __future__ import annotations
 

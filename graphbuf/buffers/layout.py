@@ -1,9 +1,5 @@
-"""The layout, resolved once: per buffer everything the hot path needs, and the errors that name a buffer.
-
-Nothing here touches buffer memory. A :class:`ResolvedBuffer` is built once per buffer when the buffers are
-made; :meth:`Layout.capacity` gives the (rows, cols) a buffer holds at a capture size (precomputed) or at any
-larger token count (evaluated, for eager steps).
-"""
+"""The layout, resolved once when buffers are made: per buffer everything the hot path needs, and the errors
+that name a buffer. Nothing here touches buffer memory."""
 
 from __future__ import annotations
 
@@ -75,10 +71,7 @@ class Layout:
 
     def __init__(self, plan: Plan, backend: Any) -> None:
         self.plan = plan
-        #: The backend (a :class:`graphbuf.buffers.backend.Backend`) every check and write of these buffers
-        #: runs on, chosen once when
-        #: :class:`graphbuf.StaticBuffers` is built (:func:`graphbuf.buffers.backend.chosen`).
-        self.backend = backend
+        self.backend = backend  #: runs every check and write (a :class:`graphbuf.buffers.backend.Backend`)
         tpr = plan.tokens_per_request
         self.tokens_per_request = tpr
         self.max_requests = {s: s // tpr for s in plan.capture_sizes}
@@ -92,17 +85,11 @@ class Layout:
         bf16 = b.dtype == torch.bfloat16
         np_dtype = np.dtype(np.int16) if bf16 else NP_OF_TORCH[b.dtype]
         kind = "f" if bf16 else np_dtype.kind
-        capacity = {}
-        for s in p.capture_sizes:
-            shape = p.shape_at(b, s)
-            capacity[s] = (shape[0], shape[1] if len(shape) > 1 else 0)
+        capacity = {s: self._shape(b, s) for s in p.capture_sizes}
         rows_of_requests = requests_of_rows = None
         if b.rows.names & {"tokens", "requests"}:
-            tpr = p.tokens_per_request
-            rows_of_requests = tuple(
-                b.rows.eval({**p.constants, "tokens": r * tpr, "requests": r})
-                for r in range(p.capture_sizes[-1] // tpr + 1)
-            )
+            largest = p.capture_sizes[-1] // p.tokens_per_request
+            rows_of_requests = tuple(self._rows(b, r) for r in range(largest + 1))
             requests_of_rows = {}
             for r, n in enumerate(rows_of_requests):
                 requests_of_rows.setdefault(n, r)
@@ -119,10 +106,15 @@ class Layout:
     def capacity(self, slot: ResolvedBuffer, size: int) -> tuple[int, int]:
         """(rows, cols) ``slot`` holds at ``size`` tokens: a capture size, or any count for an eager step."""
         cap = slot.capacity.get(size)
-        if cap is None:
-            shape = self.plan.shape_at(slot.plan, size)
-            cap = (shape[0], shape[1] if len(shape) > 1 else 0)
-        return cap
+        return cap if cap is not None else self._shape(slot.plan, size)
+
+    def _shape(self, b: BufferPlan, size: int) -> tuple[int, int]:
+        shape = self.plan.shape_at(b, size)
+        return shape[0], shape[1] if len(shape) > 1 else 0
+
+    def _rows(self, b: BufferPlan, requests: int) -> int:
+        p = self.plan
+        return b.rows.eval({**p.constants, "tokens": requests * p.tokens_per_request, "requests": requests})
 
     def eager_bytes(self, size: int, limit: int) -> int:
         """Bytes of every buffer's shape at ``size`` tokens (an eager step), summed until above ``limit``."""
@@ -139,12 +131,7 @@ class Layout:
         table = slot.rows_of_requests
         if table is None:
             return self.capacity(slot, size)[0]
-        if num_reqs < len(table):
-            return table[num_reqs]
-        p = self.plan
-        return slot.plan.rows.eval(
-            {**p.constants, "tokens": num_reqs * self.tokens_per_request, "requests": num_reqs}
-        )
+        return table[num_reqs] if num_reqs < len(table) else self._rows(slot.plan, num_reqs)
 
     # Errors that name a buffer or the call.
 

@@ -1,5 +1,5 @@
-"""The call's arguments, checked once for every entry point, and the mapping front-end: a refresh from
-``{buffer name: source}``, each source validated on every call."""
+"""The call's arguments, checked once for every entry point, and the mapping front-end: ``{name: source}``,
+each source validated on every call."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ __all__ = ["prepare_mapping", "read_call"]
 def read_call(
     owner: object, sources: Any, num_reqs: Any, widths: Any, label: str
 ) -> dict[str, Any] | BoundSources:
-    """``sources`` checked against the call's other arguments, the one place these rules live: bound
-    sources of ``owner`` (their StaticBuffers) need ``num_reqs``; ``widths`` applies to bound sources only.
-    A mapping is read exactly once, into a plain dict (the items, not the values): its ``keys()`` or
-    ``items()`` never run again, so no user code runs between the check of a value and its write."""
+    """``sources`` checked against the call's other arguments: bound sources of ``owner`` (their
+    StaticBuffers) need ``num_reqs``; ``widths`` applies to bound sources only. A mapping is read once, into a
+    plain dict, so none of its code runs between the check of a value and its write."""
     if type(sources) is dict:
         if widths is not None:
             raise _widths_error(label)
@@ -57,13 +56,9 @@ def prepare_mapping(
     device: torch.device,
     required: frozenset[str] | None = None,
 ) -> tuple[list[Prepared], int]:
-    """Validate every source of ``sources`` (as :func:`read_call` returns it) at ``size`` tokens; return
-    them prepared and the live count.
-
-    ``size`` is a capture size, or (eager) any token count; then ``num_reqs`` has no upper limit.
-    ``required``: the buffers that must be given (default: every buffer not declared ``keep: true``; a
-    refresh with staged buffers leaves those out: they are committed from their host state).
-    """
+    """Every source of ``sources`` (from :func:`read_call`) validated at ``size`` tokens (a capture size, or
+    any count for an eager step), and the live count. ``required``: the buffers that must be given (default:
+    all but ``keep: true`` ones; a refresh leaves staged buffers out)."""
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
     prepared, agreed = layout.backend.accept_all(layout, sources, size, num_reqs, label, strict, device)

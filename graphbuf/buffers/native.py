@@ -1,9 +1,6 @@
-"""The C kernel, when it was built: one extension, ``graphbuf.buffers._native``, from ``_native.c`` (the value
-check and the live-row write) and ``_staged.c`` (the staged host state, its commit and the upload packer).
-
-:data:`KERNEL` is that module, or None: the install had no C compiler, or ``GRAPHBUF_NATIVE=0`` was set
-before import. Only :func:`graphbuf.buffers.backend.chosen` reads it, when buffers are built.
-"""
+"""The C kernel: :data:`KERNEL` is ``graphbuf.buffers._native`` (``_native.c``, ``_staged.c``), or None when
+the install had no C compiler or ``GRAPHBUF_NATIVE=0`` was set before import. Only
+:func:`graphbuf.buffers.backend.chosen` reads it."""
 
 from __future__ import annotations
 
