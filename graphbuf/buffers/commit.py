@@ -33,12 +33,13 @@ __all__ = ["PACK_MAX", "Cells", "Committer", "RefreshStats", "rectangle", "write
 #: Bytes up to which a rectangle a refresh touches goes into the packed upload (its word indices cost twice
 #: its 4-byte words); a larger one is uploaded on its own.
 PACK_MAX = 1 << 16
+_PACK_WORDS = PACK_MAX // 4
 
 
 class RefreshStats(NamedTuple):
     """Byte accounting of the refreshes of one :class:`graphbuf.StaticBuffers` (a snapshot; immutable).
 
-    ``last_bytes``: bytes the last refresh wrote into the slab (cpu) or uploaded (staged), summed over the
+    ``last_bytes``: bytes the last refresh wrote into the slab (in place) or uploaded, summed over the
     rectangle it touched in each buffer; ``total_bytes``: the sum over all ``refreshes``. (A NamedTuple: a
     server reads it every step, and a frozen dataclass costs ~0.5 µs more to build.)
     """
@@ -133,17 +134,19 @@ class Committer:
         self._cols = [(sh[1] if len(sh) > 1 else 0) if dirty else 0 for sh in shapes]
         if not self.uploads:
             self._targets = [[_np_view(t, s) for t, s in zip(self._full, layout.order)]]
-            self._stage_t: list[tuple[torch.Tensor, ...]] = []
+            self._copy_views: list[tuple[torch.Tensor, ...]] = []
         else:
             pin = slab.device.type != "cpu"  # pinned host memory is what makes an upload asynchronous
             images = [torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=pin) for _ in range(copies)]
             self._images = [img.numpy() for img in images]
-            self._stage_t = [
+            self._copy_views = [
                 tuple(img[s.plan.offset : s.plan.offset + s.plan.nbytes].view(t.dtype).view(t.shape)
                       for t, s in zip(self._full, layout.order))
                 for img in images
             ]  # fmt: skip
-            self._targets = [[_np_view(t, s) for t, s in zip(views, layout.order)] for views in self._stage_t]
+            self._targets = [
+                [_np_view(t, s) for t, s in zip(views, layout.order)] for views in self._copy_views
+            ]
         # What the native write takes besides the targets: pad bytes by slot index, and per capture size
         # the last row a repeat_last buffer fills (0 for the others).
         self._pads = tuple(s.pad.tobytes() for s in layout.order)
@@ -153,9 +156,9 @@ class Committer:
         }
         # Sources may be views of the slab itself; each is read before any buffer it lies in is written.
         self._slab = slab.numpy() if not self.uploads else None  # in place: host sources
-        self._slab_storage = slab.untyped_storage().data_ptr()  # staged: device sources
+        self._slab_storage = slab.untyped_storage().data_ptr()  # uploaded: device sources
         self._events: list[Any] = [None] * len(self._targets)
-        # Staged, with the native packer: one arena per upload copy (behind the same event), holding
+        # Uploaded, with the native packer: one arena per upload copy (behind the same event), holding
         # the refresh's writes as slab word indices and words for one upload and one indexed write.
         self._packer = layout.backend.packer if self.uploads else None
         self._staged_kernel = layout.backend.staged  # writes the cells a C staged check passed (in place)
@@ -325,39 +328,47 @@ class Committer:
         return moved
 
     def _write_packed(self, k: int, prepared: Sequence[Prepared], size: int, staged: Any) -> int:
-        """:meth:`write` with the packer: the sources into upload copy ``k``; the rectangles they touched
-        (the native write gives them with the write; else :meth:`_split`, before the numpy write) and the
-        staged cells in one packed upload and one indexed write of the slab as int32 words; the rest as
-        :meth:`_copy` does. Returns the staged bytes (-1: not packed)."""
-        targets, rows, cols = self._targets[k], self._rows, self._cols
+        """:meth:`apply`'s write with the packer: the sources into upload copy ``k``; the rectangles they
+        touched (the backend's ``write_words`` gives them with the write) and the staged cells in one packed
+        upload placed by :meth:`_Arena.place`; the rest as :meth:`_copy` does. Returns the staged bytes (-1:
+        not packed)."""
+        rows, cols = self._rows, self._cols
         moved, rects, rect_words, rest = self.layout.backend.write_words(
-            targets, prepared, self._ends[size], self._pads, rows, cols, self._words_of, PACK_MAX // 4
+            self._targets[k], prepared, self._ends[size], self._pads, rows, cols, self._words_of, _PACK_WORDS
         )
         if rest:
             rest = [(self._own(p), end, r, c) for p, end, r, c in rest]
         self._refreshes += 1
         self._last = moved
         self._total += moved
-        cores, n, bases = staged if staged is not None else _NOTHING_STAGED
-        pack = self._packer.pack  # type: ignore[union-attr]
-        image = self._images[k]
+        cores, n, bases = staged or _NOTHING_STAGED
         arena = self._arenas[k] or self._arena(k, 0)
-        got = pack(rects, image, cores, n, rows, cols, bases, arena.host)
-        if type(got) is int:  # more than the arena holds (-got words): a larger one, the same call
-            arena = self._arena(k, -got)
-            got = pack(rects, image, cores, n, rows, cols, bases, arena.host)
-        unread = got is None
-        if unread:  # a staged core it cannot read: the rectangles alone
-            got = pack(rects, image, [], 0, rows, cols, [], arena.host)
-        pairs, bucket, runs = got
+        got = self._packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)  # type: ignore[union-attr]
+        unread = False
+        if type(got) is not tuple:
+            arena, got, unread = self._pack_again(k, got, rects, staged)
+        pairs, b, runs = got
         run_words = sum(n for _, n in runs) if runs else 0
-        if pairs or run_words:
-            arena.place(self._words, pairs, bucket, runs, run_words)
+        if pairs or runs:
+            arena.place(self._words, pairs, b, runs, run_words)
         if rest:
             self._copy(k, rest)
         else:
             self._fence(k)
-        return -1 if unread else 4 * (pairs + run_words - rect_words) if staged is not None else 0
+        return -1 if unread else 4 * (pairs + run_words - rect_words) if staged else 0
+
+    def _pack_again(self, k: int, got: Any, rects: list[Any], staged: Any) -> tuple[_Arena, Any, bool]:
+        """:meth:`_write_packed`'s pack once more after it answered ``got``: -words (more than arena ``k``
+        holds) with a larger arena, the same call; None (a staged core it cannot read), the rectangles
+        alone. Returns (arena, pack's answer, whether the staged cores were left unread)."""
+        rows, cols, image = self._rows, self._cols, self._images[k]
+        arena = self._arena(k, -got) if type(got) is int else self._arenas[k]
+        if type(got) is int:
+            cores, n, bases = staged or _NOTHING_STAGED
+            got = self._packer.pack(rects, image, cores, n, rows, cols, bases, arena.host)  # type: ignore[union-attr]
+        if got is None:
+            return arena, self._packer.pack(rects, image, [], 0, rows, cols, [], arena.host), True  # type: ignore[union-attr]
+        return arena, got, False
 
     def _rectangles(self, prepared: Sequence[Prepared], size: int) -> list[tuple[Prepared, int, int, int]]:
         """Per source, before its write: (prepared, end, rows, cols) of the rectangle it will touch. A device
@@ -394,9 +405,9 @@ class Committer:
     def _copy(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> int:
         """Each rectangle of ``touched`` uploaded on its own, then each device-resident source's live cells
         and repeated rows; the event that fences upload copy ``k``."""
-        staged = self._stage_t[k]
+        copy = self._copy_views[k]
         for (slot, _, dev, n, w), end, r, c in touched:
-            dst, src = self._full[slot.index], staged[slot.index]
+            dst, src = self._full[slot.index], copy[slot.index]
             wide = dst.dim() == 2
             if r and c:
                 (dst[:r, :c] if wide else dst[:r]).copy_(src[:r, :c] if wide else src[:r], non_blocking=True)
@@ -446,9 +457,7 @@ class _Arena:
         """Upload what the packer wrote (off the cpu: one copy), then place it in ``words`` (the slab as int32
         words): ``pairs`` (indices, words) padded to ``b`` by one ``scatter_``, each of the ``runs``
         (``run_words`` words in all, from word ``3 b`` of the arena) by one copy."""
-        views = self._views.get(b)
-        if views is None:  # not a bucket of _buckets: made now, once
-            views = self._views[b] = self._views_of(b)
+        views = self._views[b]  # every bucket pack pads to (_buckets)
         if self._dev_t is not None:
             if runs:
                 end = 12 * b + 4 * run_words
@@ -457,16 +466,17 @@ class _Arena:
                 views[3].copy_(views[2], non_blocking=True)
         if pairs:
             words.scatter_(0, views[0], views[1])
-        at = 3 * b
-        for dst, n in runs:
-            words[dst : dst + n].copy_(self._w32[at : at + n])
-            at += n
+        if runs:
+            at = 3 * b
+            for dst, n in runs:
+                words[dst : dst + n].copy_(self._w32[at : at + n])
+                at += n
 
 
 def _buckets(cap: int) -> list[int]:
-    """The pair counts the packer pads to, up to ``cap``: 64, or the count rounded up to an eighth of the
-    power of two below it (``_staged.c``, ``gb_pack``)."""
-    out = [64]
+    """The pair counts the packer pads to, up to ``cap``: 0 (no pairs), 64, or the count rounded up to an
+    eighth of the power of two below it (``_staged.c``, ``gb_pack``)."""
+    out = [0, 64]
     top = 64
     while top < cap:
         out += [top + m * (top // 8) for m in range(1, 9) if top + m * (top // 8) <= cap]

@@ -152,7 +152,7 @@ class StaticBuffers:
 
     @property
     def stats(self) -> RefreshStats:
-        """Refresh count and bytes written (cpu) or uploaded (staged): last refresh and total."""
+        """Refresh count and bytes written (in place) or uploaded: last refresh and total."""
         return self._commit.stats
 
     @property
