@@ -88,8 +88,7 @@ def check_source(
         host = src.detach().numpy() if src.requires_grad else src.numpy()
     if host is not None and host.dtype in slot.fast:  # no dtype work, integer values
         return layout.backend.accept(layout, slot, name, host, size, label, strict)
-    host, dev = _typed(layout, slot, name, src, label, device)
-    return _fitted(layout, slot, name, host, dev, size, label, strict)
+    return _fitted(layout, slot, name, _typed(layout, slot, name, src, label, device), size, label, strict)
 
 
 def fit_typed(
@@ -98,12 +97,12 @@ def fit_typed(
     """A host source of a dtype ``slot`` casts safely without a value check, validated (layout, capacity,
     bounds): :meth:`graphbuf.buffers.backend.Backend.accept`."""
     _check_layout(slot, host, name, label)
-    return _fitted(layout, slot, name, host, None, size, label, strict)
+    return _fitted(layout, slot, name, host, size, label, strict)
 
 
 def _typed(
     layout: Layout, slot: ResolvedBuffer, name: str, src: Any, label: str, device: torch.device
-) -> tuple[np.ndarray | None, torch.Tensor | None]:
+) -> np.ndarray | torch.Tensor:
     """``src`` as host values or a tensor on ``device``, after the type, dtype and layout checks."""
     tp = type(src)
     if isinstance(src, torch.Tensor):
@@ -122,11 +121,11 @@ def _typed(
         _check_cast(slot, src.dtype, name, label)
         if on_device:
             _check_layout(slot, src, name, label)
-            return None, src.detach()
+            return src.detach()
         host = src.detach()  # bfloat16 (numpy has none) as float32
         host = (host if src.dtype in NP_OF_TORCH else host.to(torch.float32)).numpy()
         _check_layout(slot, host, name, label)
-        return host, None
+        return host
     if isinstance(src, np.ndarray):
         if tp is not np.ndarray:
             raise layout.fail(
@@ -135,9 +134,9 @@ def _typed(
                 "plain numpy.ndarray",
             )  # fmt: skip
         check_typed(slot, src, name, label)
-        return src, None
+        return src
     if isinstance(src, (list, tuple)):
-        return _from_list(slot, src, name, label), None
+        return _from_list(slot, src, name, label)
     raise layout.fail(
         RefreshError, name, label,
         f"unsupported source type {tp.__name__}; allowed: torch.Tensor, numpy.ndarray, list",
@@ -162,23 +161,16 @@ def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.nd
         src = [values] if slot.ndim == 2 else values
     elif isinstance(values, (numbers.Number, np.generic)) and not isinstance(values, (str, bytes)):
         src = [[values]] if slot.ndim == 2 else [values]
-    host, _ = _typed(Layout, slot, name, src, label, _CPU)  # type: ignore[arg-type]
+    host = _typed(Layout, slot, name, src, label, _CPU)  # type: ignore[arg-type]
     return np.array(host, dtype=slot.np_dtype, order="C").reshape(-1)
 
 
 def _fitted(
-    layout: Layout,
-    slot: ResolvedBuffer,
-    name: str,
-    host: np.ndarray | None,
-    dev: torch.Tensor | None,
-    size: int,
-    label: str,
-    strict: bool,
+    layout: Layout, slot: ResolvedBuffer, name: str, src: Any, size: int, label: str, strict: bool
 ) -> Prepared:
-    """The typed source against the capacity at ``size`` (rows; width clipped or rejected by ``overflow``)
-    and its values against the bounds (a device source's only when ``strict``)."""
-    shape = host.shape if host is not None else tuple(dev.shape)  # type: ignore[union-attr]
+    """The typed source (host values or a device tensor) against the capacity at ``size`` (rows; width
+    clipped or rejected by ``overflow``), then its values against the bounds (a device's if ``strict``)."""
+    shape = tuple(src.shape)
     rows = shape[0]
     b = slot.plan
     cap_rows, cap_cols = layout.capacity(slot, size)
@@ -199,23 +191,21 @@ def _fitted(
                     f"(cols = {b.cols.text}); overflow: reject",  # type: ignore[union-attr]
                 )  # fmt: skip
             width = cap_cols
-            if host is not None:
-                host = host[:, :cap_cols]
-            else:
-                dev = dev[:, :cap_cols]  # type: ignore[index]
-    if host is not None:
-        if (
-            host.size
-            and (slot.lo is not None or slot.hi is not None or host.dtype.kind == "f")
-            and not layout.backend.fits(slot, host, rows, width)
-        ):
-            check_values(layout, slot, host, name, label)
-        if slot.bf16:  # torch refuses negative strides, which numpy keeps on one-element and empty views
-            dense = host if min(host.strides, default=0) >= 0 else np.array(host, order="C")
-            host = torch.from_numpy(dense).to(torch.bfloat16).view(torch.int16).numpy()
-    elif strict and dev.numel():  # type: ignore[union-attr]
-        check_values(layout, slot, dev, name, label)
-    return prepared(slot, host, dev, rows, width)
+            src = src[:, :cap_cols]
+    if isinstance(src, torch.Tensor):
+        if strict and src.numel():
+            check_values(layout, slot, src, name, label)
+        return prepared(slot, None, src, rows, width)
+    if (
+        src.size
+        and (slot.lo is not None or slot.hi is not None or src.dtype.kind == "f")
+        and not layout.backend.fits(slot, src, rows, width)
+    ):
+        check_values(layout, slot, src, name, label)
+    if slot.bf16:  # torch refuses negative strides, which numpy keeps on one-element and empty views
+        dense = src if min(src.strides, default=0) >= 0 else np.array(src, order="C")
+        src = torch.from_numpy(dense).to(torch.bfloat16).view(torch.int16).numpy()
+    return prepared(slot, src, None, rows, width)
 
 
 def _plain(t: torch.Tensor) -> bool:
