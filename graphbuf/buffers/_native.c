@@ -23,7 +23,7 @@
  *     this write touches (the caller then takes the numpy path).
  *
  * write(targets, items, ends, pads, rows_of, cols_of, words_of, limit) -> (moved, rects, words, rest) | None
- *     The same write, and the rectangles a packed upload reads (graphbuf.buffers.commit.Committer._split,
+ *     The same write, and the rectangles a packed upload reads (graphbuf.buffers.backend.Backend.write_words,
  *     the same result): words_of[i] is slot i's (word start, words per element, row stride in words), or
  *     None when it does not pack as 4-byte words. Per item, from the marks before the write, its rectangle
  *     r x c (r = max(n, end if n, rows), c = max(w, cols), 1 for a 1-D buffer) goes into rects as (word
@@ -573,10 +573,28 @@ typedef struct {
     const char *pad;
 } Job;
 
-/* The packed upload's view of a checked write (see write with words_of): (rects, words, rest), or NULL with
- * an error. words_of has one entry per slot (checked by the caller). */
-static PyObject *split_jobs(const Job *jobs, Py_ssize_t m, PyObject *seq, PyObject *words_of, Py_ssize_t limit) {
-    PyObject *rects = PyList_New(0), *rest = PyList_New(0);
+/* (a, b, c, d) as a tuple of ints (Py_BuildValue parses its format on every call), or NULL with an error. */
+static PyObject *ssize_tuple4(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c, Py_ssize_t d) {
+    PyObject *t = PyTuple_New(4);
+    if (t == NULL) return NULL;
+    Py_ssize_t v[4] = {a, b, c, d};
+    for (int q = 0; q < 4; q++) {
+        PyObject *x = PyLong_FromSsize_t(v[q]);
+        if (x == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, q, x);
+    }
+    return t;
+}
+
+/* The packed upload's view of a checked write (see write with words_of): *out becomes (moved, rects, words,
+ * rest) with moved 0 (the caller sets it once written); -1 with an error. words_of has one entry per slot
+ * (checked by the caller). */
+static int split_jobs(const Job *jobs, Py_ssize_t m, PyObject *seq, PyObject *words_of, Py_ssize_t limit,
+                      PyObject **out) {
+    PyObject *rects = PyList_New(0), *rest = PyList_New(0), *zero = NULL, *count = NULL;
     Py_ssize_t words = 0;
     if (rects == NULL || rest == NULL) goto fail;
     for (Py_ssize_t k = 0; k < m; k++) {
@@ -599,7 +617,7 @@ static PyObject *split_jobs(const Job *jobs, Py_ssize_t m, PyObject *seq, PyObje
             packs = j->r <= limit / v[1] / j->c; /* r * c * per <= limit, without overflow */
         }
         if (packs) {
-            t = Py_BuildValue("(nnnn)", v[0], j->r, j->c * v[1], v[2]);
+            t = ssize_tuple4(v[0], j->r, j->c * v[1], v[2]);
             if (t == NULL || PyList_Append(rects, t) < 0) {
                 Py_XDECREF(t);
                 goto fail;
@@ -615,11 +633,20 @@ static PyObject *split_jobs(const Job *jobs, Py_ssize_t m, PyObject *seq, PyObje
         }
         Py_DECREF(t);
     }
-    return Py_BuildValue("(NnN)", rects, words, rest);
+    if ((zero = PyLong_FromSsize_t(0)) == NULL || (count = PyLong_FromSsize_t(words)) == NULL ||
+        (*out = PyTuple_New(4)) == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(*out, 0, zero); /* steals each */
+    PyTuple_SET_ITEM(*out, 1, rects);
+    PyTuple_SET_ITEM(*out, 2, count);
+    PyTuple_SET_ITEM(*out, 3, rest);
+    return 0;
 fail:
     Py_XDECREF(rects);
     Py_XDECREF(rest);
-    return NULL;
+    Py_XDECREF(zero);
+    Py_XDECREF(count);
+    return -1;
 }
 
 static int get_index(PyObject *seq, Py_ssize_t i, Py_ssize_t *out, const char *what) {
@@ -756,7 +783,7 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
     }
     /* The packed upload's rectangles, made before the first byte is written (an error leaves all as it was). */
-    if (words_of && (split = split_jobs(jobs, m, seq, words_of, limit)) == NULL) goto done;
+    if (words_of && split_jobs(jobs, m, seq, words_of, limit, &split) < 0) goto done;
     /* Phase 2: write. */
     Py_ssize_t copied = 0, moved = 0;
     for (Py_ssize_t k = 0; k < m; k++)
@@ -803,9 +830,12 @@ static PyObject *gb_write(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     if (split == NULL) {
         result = PyLong_FromSsize_t(moved);
-    } else { /* (moved, rects, words, rest) */
-        PyObject *rects = PyTuple_GET_ITEM(split, 0), *words = PyTuple_GET_ITEM(split, 1), *rest = PyTuple_GET_ITEM(split, 2);
-        result = Py_BuildValue("(nOOO)", moved, rects, words, rest);
+    } else { /* (moved, rects, words, rest): split, made before the write, with moved now known */
+        PyObject *count = PyLong_FromSsize_t(moved);
+        if (count == NULL) goto done;
+        if (PyTuple_SetItem(split, 0, count) < 0) goto done; /* our own new tuple: steals count */
+        result = split;
+        split = NULL;
     }
 done:
     for (Py_ssize_t k = 0; k < m; k++) {

@@ -1171,37 +1171,77 @@ static PyTypeObject StagedType = {
  * (slab word index, word) pairs, placed together by one indexed write. */
 #define RUN_MIN 2048
 
+/* A run's words, copied into the run area once the pairs' bucket (where that area starts) is known. */
+typedef struct {
+    const char *src, *pad; /* n words from src, or (src NULL) the pad's per words repeated */
+    int64_t per, n;
+} Run;
+
 typedef struct {
     int64_t *idx;
     int32_t *val;
     Py_ssize_t k, cap; /* pairs packed (counted past cap: the caller retries with room) */
-    int32_t *rdata;
-    Py_ssize_t rk; /* run words packed (counted past cap) */
-    PyObject *runs; /* [(slab word, words)] in run-area order */
+    Py_ssize_t rk;     /* run words (counted past cap) */
+    PyObject *runs;    /* [(slab word, words)] in run-area order */
+    Run *rs;           /* their words, nrs of them in room for rroom */
+    Py_ssize_t nrs, rroom;
+    int rs_owned; /* rs was allocated here (else the caller's stack) */
 } Words;
 
-/* n words to slab words dst..: from src, or (src NULL) the pad's per words repeated. */
+/* n words from src, or (src NULL) the pad's per words repeated, to d. */
+static void put_words(int32_t *d, const char *src, const char *pad, int64_t per, int64_t n) {
+    if (src) {
+        memcpy(d, src, (size_t)n * 4);
+    } else if (per == 1) {
+        int32_t v;
+        memcpy(&v, pad, 4);
+        for (int64_t i = 0; i < n; i++) d[i] = v;
+    } else {
+        for (int64_t i = 0; i < n; i++) memcpy(d + i, pad + 4 * (i % per), 4);
+    }
+}
+
+/* One more run in o->rs (grown on the heap past the caller's room); -1 with an error. */
+static int push_run_words(Words *o, const char *src, const char *pad, int64_t per, int64_t n) {
+    if (o->nrs == o->rroom) {
+        Py_ssize_t room = 2 * o->rroom;
+        Run *rs = PyMem_Malloc((size_t)room * sizeof(Run));
+        if (!rs) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(rs, o->rs, (size_t)o->nrs * sizeof(Run));
+        if (o->rs_owned) PyMem_Free(o->rs);
+        o->rs = rs;
+        o->rroom = room;
+        o->rs_owned = 1;
+    }
+    o->rs[o->nrs++] = (Run){src, pad, per, n};
+    return 0;
+}
+
+/* n words to slab words dst..: from src, or (src NULL) the pad's per words repeated. A run's words are
+ * copied later (put_runs), straight to where the upload reads them. */
 static int emit_span(Words *o, int64_t dst, const char *src, const char *pad, int64_t per, int64_t n) {
     if (n >= RUN_MIN) {
-        if (o->rk + n <= o->cap) {
-            int32_t *d = o->rdata + o->rk;
-            if (src) memcpy(d, src, (size_t)n * 4);
-            else
-                for (int64_t i = 0; i < n; i++) memcpy(d + i, pad + 4 * (i % per), 4);
-        }
         o->rk += n;
-        PyObject *t = Py_BuildValue("(LL)", (long long)dst, (long long)n);
-        int err = !t || PyList_Append(o->runs, t) < 0;
-        Py_XDECREF(t);
+        PyObject *t = PyTuple_New(2), *a = PyLong_FromLongLong(dst), *b = PyLong_FromLongLong(n);
+        if (!t || !a || !b || push_run_words(o, src, pad, per, n) < 0) {
+            Py_XDECREF(t);
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            return -1;
+        }
+        PyTuple_SET_ITEM(t, 0, a); /* steals each */
+        PyTuple_SET_ITEM(t, 1, b);
+        int err = PyList_Append(o->runs, t) < 0;
+        Py_DECREF(t);
         return err ? -1 : 0;
     }
     int64_t m = o->k >= o->cap ? 0 : (o->cap - o->k < n ? o->cap - o->k : n); /* what fits (counted: n) */
     int64_t *idx = o->idx + o->k;
-    int32_t *val = o->val + o->k;
     for (int64_t i = 0; i < m; i++) idx[i] = dst + i;
-    if (src) memcpy(val, src, (size_t)m * 4);
-    else
-        for (int64_t i = 0; i < m; i++) memcpy(val + i, pad + 4 * (i % per), 4);
+    put_words(o->val + o->k, src, pad, per, m);
     o->k += n;
     return 0;
 }
@@ -1229,7 +1269,8 @@ static int pack_job(const Job *j, int64_t base, Words *o) {
     return 0;
 }
 
-/* Rectangles (word start, rows, row words, stride words) of image as words; -1 with an error for a bad one. */
+/* Rectangles (word start, rows, row words, stride words) of image as words (rows back to back as one span);
+ * -1 with an error for a bad one. */
 static int pack_rects(PyObject *rects, const int32_t *image, Py_ssize_t nwords, Words *o) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rects); i++) {
         long long v[4];
@@ -1247,6 +1288,10 @@ static int pack_rects(PyObject *rects, const int32_t *image, Py_ssize_t nwords, 
             (rows && len && start + (rows - 1) * stride + len > nwords)) {
             PyErr_SetString(PyExc_ValueError, "pack: a rect reaches outside the image");
             return -1;
+        }
+        if (len == stride && rows > 1) { /* rows back to back: one span */
+            len *= rows;
+            rows = 1;
         }
         for (long long r = 0; r < rows && len; r++) {
             int64_t at = start + r * stride;
@@ -1280,15 +1325,16 @@ static int pack_cores(PyObject *cores, Py_ssize_t n, PyObject *rows_of, PyObject
 }
 
 /* pack(rects, image, cores, n, rows_of, cols_of, bases, arena) -> words | -words needed | None
- *     A refresh's writes for one upload (staging): first the rectangles the full sources touched, each
- *     (word start, rows, row words, row stride in words) of the slab viewed as 4-byte words, their words
- *     read from image (the staging copy the refresh wrote them into, laid out as the slab); then, after
- *     commit(..., False) passed, the cells every core's staged commit writes (bases[i]: the buffer's
- *     offset in words). Into arena (contiguous bytes, room for cap = len / 16 pairs and cap run words):
- *     spans shorter than RUN_MIN words as k slab word indices (int64 at [0, 8b)) then their words (at
- *     [8b, 12b)), padded to b (64, or k rounded up to an eighth of the power of two below it) with copies of
- *     the last pair, for one indexed write of the slab viewed as int32 words; longer spans (a joining request's row, a wide rectangle's
- *     row) as their words from 12b on, one device copy each, listed in runs as (slab word, words).
+ *     A refresh's writes for one upload: first the rectangles the full sources touched, each (word start,
+ *     rows, row words, row stride in words) of the slab viewed as 4-byte words (rows back to back are one
+ *     span), their words read from image (the upload copy the refresh wrote them into, laid out as the
+ *     slab); then, after commit(..., False) passed, the cells every core's staged commit writes (bases[i]:
+ *     the buffer's offset in words). Into arena (contiguous bytes, room for cap = len / 16 pairs and cap run
+ *     words): spans shorter than RUN_MIN words as k slab word indices (int64 at [0, 8b)) then their words
+ *     (at [8b, 12b)), padded to b (0 without pairs, 64, or k rounded up to an eighth of the power of two
+ *     below it) with copies of the last pair, for one indexed write of the slab viewed as int32 words;
+ *     longer spans (a joining request's row, a wide rectangle's rows) as their words from 12b on, copied
+ *     there once b is known, one device copy each, listed in runs as (slab word, words).
  *     Returns (k, b, runs), the cores' marks updated and their changes forgotten; or -needed with nothing
  *     changed when the arena holds fewer; or None, nothing changed, for a core it cannot read or an element
  *     size that is not a multiple of 4 (the Python upload then runs). */
@@ -1319,8 +1365,9 @@ static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     PyObject *result = NULL;
     Py_ssize_t cap = ab.len / 16;
-    Words o = {(int64_t *)ab.buf, (int32_t *)((char *)ab.buf + 8 * cap), 0, cap,
-               (int32_t *)((char *)ab.buf + 12 * cap), 0, PyList_New(0)};
+    Run room[8];
+    Words o = {.idx = (int64_t *)ab.buf, .val = (int32_t *)((char *)ab.buf + 8 * cap), .cap = cap,
+               .runs = PyList_New(0), .rs = room, .rroom = 8};
     if (!o.runs) goto out;
     if ((uintptr_t)ab.buf % 8 || (uintptr_t)img.buf % 4) {
         PyErr_SetString(PyExc_ValueError, "pack: the arena must be 8-byte aligned, the image 4-byte aligned");
@@ -1336,7 +1383,6 @@ static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         result = PyLong_FromSsize_t(-(o.k > o.rk ? o.k : o.rk));
         goto out;
     }
-    if (pack_cores(cores, n, rows_of, cols_of, bases, &o, 1) < 0) goto out; /* the marks, once all fits */
     /* Padded to a bucket b with copies of the last pair (the same index with the same word), so the
      * caller's views of each bucket are made once: 64, or k rounded up to an eighth of the power of two
      * below it (at most 1/8 of the pairs are padding; at most 8 buckets per octave). */
@@ -1352,9 +1398,25 @@ static PyObject *gb_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         for (Py_ssize_t i = o.k; i < b; i++) o.idx[i] = o.idx[o.k - 1], o.val[i] = o.val[o.k - 1];
         memmove((char *)ab.buf + 8 * b, o.val, (size_t)b * 4); /* the words right after the indices */
     }
-    if (o.rk) memmove((char *)ab.buf + 12 * b, o.rdata, (size_t)o.rk * 4); /* then the run area */
-    result = Py_BuildValue("(nnO)", o.k, b, o.runs);
+    int32_t *d = (int32_t *)((char *)ab.buf + 12 * b); /* then the run area: 12 b + 4 rk <= 16 cap */
+    for (Py_ssize_t i = 0; i < o.nrs; i++) {
+        put_words(d, o.rs[i].src, o.rs[i].pad, o.rs[i].per, o.rs[i].n);
+        d += o.rs[i].n;
+    }
+    if (pack_cores(cores, n, rows_of, cols_of, bases, &o, 1) < 0) goto out; /* the marks, once all fits */
+    result = PyTuple_New(3);
+    PyObject *kv = PyLong_FromSsize_t(o.k), *bv = PyLong_FromSsize_t(b);
+    if (!result || !kv || !bv) {
+        Py_CLEAR(result);
+        Py_XDECREF(kv);
+        Py_XDECREF(bv);
+        goto out;
+    }
+    PyTuple_SET_ITEM(result, 0, kv); /* steals each */
+    PyTuple_SET_ITEM(result, 1, bv);
+    PyTuple_SET_ITEM(result, 2, Py_NewRef(o.runs));
 out:
+    if (o.rs_owned) PyMem_Free(o.rs);
     Py_XDECREF(o.runs);
     PyBuffer_Release(&ab);
     PyBuffer_Release(&img);

@@ -129,21 +129,34 @@ def test_the_arena_holds_the_views_of_every_bucket_the_packer_pads_to() -> None:
 
 
 def test_one_placement_leaves_the_words_the_packer_read() -> None:
-    """Pairs (one scatter_) and runs (one copy each, from word 3 b of the arena), at two buckets in turn."""
-    image = np.arange(5, 5 + 16384, dtype=np.int32)
-    arena = commit._Arena(1 << 13, False, torch.device("cpu"))
-    words = torch.zeros(16384, dtype=torch.int32)
-    want = np.zeros(16384, dtype=np.int32)
-    for rects in ([(0, 1, 2048, 2048), (3000, 5, 3, 10), (4000, 1, 2047, 2047), (9000, 1, 2500, 2500)],
-                  [(12000, 70, 1, 3)]):  # fmt: skip
+    """Pairs (one scatter_) and runs (one copy each, from word 3 b of the arena), at buckets in turn: runs
+    and pairs; pairs alone; runs alone (bucket 0); rows back to back (one span: a run when long, else
+    pairs); more runs than pack keeps on its stack (their words copied to the run area once b is known)."""
+    image = np.arange(5, 5 + 65536, dtype=np.int32)
+    arena = commit._Arena(1 << 16, False, torch.device("cpu"))
+    words = torch.zeros(65536, dtype=torch.int32)
+    want = np.zeros(65536, dtype=np.int32)
+    many = [(20000 + 2100 * i, 1, 2048 + i, 2048 + i) for i in range(20)]
+    for rects, shape in (
+        ([(0, 1, 2048, 2048), (3000, 5, 3, 10), (4000, 1, 2047, 2047), (9000, 1, 2500, 2500)], (2062, 2)),
+        ([(12000, 70, 1, 3)], (70, 0)),
+        ([(13000, 1, 3000, 3000)], (0, 1)),
+        ([(17000, 1100, 2, 2), (16000, 10, 100, 100)], (1000, 1)),  # 2200 and 1000 words back to back
+        ([(16000, 10, 100, 100)], (1000, 0)),
+        (many, (0, 20)),
+    ):
+        words.zero_()
         pairs, b, runs = STAGED.pack(rects, image, [], 0, [], [], [], arena.host)
+        assert (pairs, len(runs)) == shape, rects[:2]
+        if rects == many:
+            assert runs == [(start, length) for start, _, length, _ in many]
         arena.place(words, pairs, b, runs, sum(n for _, n in runs))
+        want[:] = 0
         for start, rows, length, stride in rects:
             for r in range(rows):
                 at = start + r * stride
                 want[at : at + length] = image[at : at + length]
         np.testing.assert_array_equal(words.numpy(), want)
-    assert len(runs) == 0 and pairs == 70
 
 
 def test_a_source_the_kernel_leaves_to_numpy_packs_as_numpy_gives() -> None:
