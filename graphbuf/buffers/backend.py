@@ -20,11 +20,7 @@ from graphbuf.buffers.commit import rectangle, write_live
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
 from graphbuf.buffers.validate import Prepared, check_source, fit_typed, prepared, values_fit
 
-__all__ = ["Backend", "NativeBackend", "Rectangles", "chosen"]
-
-#: A packed write's rectangles: (rects as (word start, rows, row words, row stride), their words, the rest
-#: as (prepared, end, rows, cols) for uploads one copy each).
-Rectangles = tuple[list[tuple[int, int, int, int]], int, list[tuple[Prepared, int, int, int]]]
+__all__ = ["Backend", "NativeBackend", "chosen"]
 
 
 class Backend:
