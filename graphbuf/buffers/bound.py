@@ -34,6 +34,10 @@ __all__ = ["BoundSources"]
 
 _NO_WIDTHS: dict[str, int] = {}  # never written
 
+#: A bound source as each refresh reads it: (slot, numpy array, name, 2-D, its columns or 0, its shape and
+#: strides at bind). A tensor's numpy view never changes shape: the tensor itself is watched.
+_Entry = tuple[ResolvedBuffer, np.ndarray, str, bool, int, tuple[int, ...], tuple[int, ...]]
+
 
 class BoundSources:
     """Host sources bound to the buffers of one :class:`StaticBuffers` (made by :meth:`StaticBuffers.bind`).
@@ -54,19 +58,16 @@ class BoundSources:
                 f"{label}: sources must be a mapping of buffer name to source, got {type(sources).__name__}"
             )
         items = list(sources.items())  # read once
-        # Per source (slot, numpy array, name, 2-D, its columns or 0): what each refresh reads of it.
-        entries: list[tuple[ResolvedBuffer, np.ndarray, str, bool, int]] = []
-        tensors, arrays = [], []
+        entries: list[_Entry] = []
+        tensors = []
         fast = True  # every source typed at bind: integers of a dtype the fast path takes
         for name, src in items:
             slot, arr = _bound_array(layout, name, src, label)
             if type(src) is torch.Tensor:
                 tensors.append((name, src, src.data_ptr(), src.shape, src.stride()))
-            else:  # a numpy array the caller holds (a tensor's view is covered by the tensor's watch)
-                arrays.append((name, arr, arr.shape, arr.strides))
             fast = fast and arr.dtype in slot.fast
             wide = slot.ndim == 2
-            entries.append((slot, arr, name, wide, arr.shape[1] if wide else 0))
+            entries.append((slot, arr, name, wide, arr.shape[1] if wide else 0, arr.shape, arr.strides))
         names = [name for name, _ in items]
         if not layout.required.issubset(names):
             raise layout.missing_error(label, names)
@@ -78,18 +79,24 @@ class BoundSources:
             for s in layout.plan.capture_sizes:
                 self._limits[s] = tuple(
                     (min(arr.shape[0], slot.capacity[s][0]), min(width, slot.capacity[s][1]) if wide else 0)
-                    for slot, arr, _, wide, width in entries
+                    for slot, arr, _, wide, width, _, _ in entries
                 )
         self._tensors = tuple(tensors)
-        self._arrays = tuple(arrays)
-        self._wide = frozenset(name for _, _, name, wide, _ in entries if wide)
+        self._wide = frozenset(e[2] for e in entries if e[3])
         self.names: tuple[str, ...] = tuple(names)
 
     def check_moved(self, label: str) -> None:
         """Raise :class:`AddressChangedError` if a bound tensor changed address, shape or strides, or a bound
         numpy array its shape or strides."""
         self._check_tensors(label)
-        self._check_arrays(label)
+        for _, arr, name, _, _, shape, strides in self._entries:
+            if arr.shape != shape or arr.strides != strides:
+                raise AddressChangedError(
+                    f"{label}: bound source {name!r} changed in place: bound with shape {list(shape)} "
+                    f"strides {list(strides)}, now shape {list(arr.shape)} strides {list(arr.strides)}; a "
+                    "bound numpy array must keep its shape (ndarray.resize and .shape= change it): bind it "
+                    "again"
+                )
 
     def _check_tensors(self, label: str) -> None:
         for name, t, ptr, shape, stride in self._tensors:
@@ -101,23 +108,13 @@ class BoundSources:
                     "it again"
                 )
 
-    def _check_arrays(self, label: str) -> None:
-        for name, arr, shape, strides in self._arrays:
-            if arr.shape != shape or arr.strides != strides:
-                raise AddressChangedError(
-                    f"{label}: bound source {name!r} changed in place: bound with shape {list(shape)} "
-                    f"strides {list(strides)}, now shape {list(arr.shape)} strides {list(arr.strides)}; a "
-                    "bound numpy array must keep its shape (ndarray.resize and .shape= change it): bind it "
-                    "again"
-                )
-
     def _live(self, size: int, n: int, widths: Any, label: str) -> Iterator[tuple[str, np.ndarray]]:
         """(name, live rows × live width view) of every bound source at ``n`` requests of ``size`` tokens,
         after the moved/widths/rows checks; values are not checked here."""
         layout = self._layout
         self.check_moved(label)
         w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
-        for slot, arr, name, wide, width in self._entries:
+        for slot, arr, name, wide, width, _, _ in self._entries:
             rows = layout.rows_at(slot, size, n)
             if rows > arr.shape[0]:
                 raise layout.fail(
@@ -159,11 +156,13 @@ class BoundSources:
         if self._tensors:
             self._check_tensors(label)
         w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
-        if self._arrays:
-            self._check_arrays(label)
         out: list[Prepared] = []
         fits = self._layout.backend.fits
-        for (slot, arr, name, wide, width), (max_rows, max_cols) in zip(self._entries, limits):
+        for (slot, arr, name, wide, width, shape, strides), (max_rows, max_cols) in zip(
+            self._entries, limits
+        ):
+            if arr.shape != shape or arr.strides != strides:
+                return None  # changed in place: check_moved names it
             table = slot.rows_of_requests
             rows = table[n] if table is not None else max_rows  # n is within the table at capture sizes
             if rows > max_rows:
