@@ -337,10 +337,10 @@ def cpu_proxy(quick: bool = False, steps: int = 60) -> dict[str, Any]:
     Measured 2026-12-05 at 02a876b (2 loaded cores, 3 runs): worst 1.64-1.70; with block 128 1.41-1.49 at
     64-256 live and 1.58-1.70 at 1-8 live, where the in-place step takes 4.0-4.6 µs and this one 2.6-3.0 µs
     more; with block 16 1.52-1.62 at 1-2 live and 1.48-1.56 at 64 live. Those 2.6-3.0 µs at 1-8 live (each
-    part timed against the in-place step alone, 4 runs): the placement's one ``scatter_`` of
-    64 pairs 1.8-2.0 µs in the step (1.3 µs in a loop; put_ is no cheaper in the step and refuses
-    deterministic mode, index_copy_ costs more; a 1-element ``zero_`` costs 0.4-0.55 µs there), the rest
-    (the write into the upload copy with its rectangles, pack, the Python around them) 0.7-1.2 µs. With every
+    part timed against the in-place step alone, 4 runs): the placement's one ``scatter_`` of 64 pairs
+    1.8-2.0 µs in the step (1.3 µs in a loop; put_ saves 0-0.16 µs in the step and refuses deterministic
+    mode, index_copy_ costs 0.2-0.35 µs more; a 1-element ``zero_`` costs 0.4-0.55 µs there), the rest (the
+    write into the upload copy with its rectangles, pack, the Python around them) 0.7-1.2 µs. With every
     Python frame after ``Committer.apply`` folded into one (a timing bound, not a shippable path) the ratio
     is 1.48-1.56, so <= 1.5 at 1-8 live needs a placement op under ~1.2 µs in the step."""
     threads = torch.get_num_threads()
