@@ -57,8 +57,8 @@ def prepare_mapping(
     required: frozenset[str] | None = None,
 ) -> tuple[list[Prepared], int]:
     """Every source of ``sources`` (from :func:`read_call`) validated at ``size`` tokens (a capture size, or
-    any count for an eager step), and the live count. ``required``: the buffers that must be given (default:
-    all but ``keep: true`` ones; a refresh leaves staged buffers out)."""
+    any count for an eager step: then ``num_reqs`` has no upper limit), and the live count. ``required``: the
+    buffers that must be given (default: all but ``keep: true`` ones; a refresh leaves staged buffers out)."""
     if num_reqs is not None:
         num_reqs = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
     prepared, agreed = layout.backend.accept_all(layout, sources, size, num_reqs, label, strict, device)
