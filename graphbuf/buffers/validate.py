@@ -84,7 +84,7 @@ def check_source(
     tp = type(src)
     if tp is np.ndarray:
         host = src
-    elif tp is torch.Tensor and src.is_cpu and src.dtype in NP_OF_TORCH and _plain(src):
+    elif tp is torch.Tensor and src.is_cpu and src.dtype in NP_OF_TORCH and _odd(src) is None:
         host = src.detach().numpy() if src.requires_grad else src.numpy()
     if host is not None and host.dtype in slot.fast:  # no dtype work, integer values
         return layout.backend.accept(layout, slot, name, host, size, label, strict)
@@ -112,7 +112,11 @@ def _typed(
                 f"tensor subclass {tp.__name__} (its methods run its own code between graphbuf's check and "
                 "write); pass a plain torch.Tensor, e.g. t.as_subclass(torch.Tensor)",
             )  # fmt: skip
-        _check_tensor_kind(slot, src, name, label)
+        what = _odd(src) or ("a 0-d tensor" if src.dim() == 0 else None)
+        if what is not None:
+            raise layout.fail(
+                RefreshError, name, label, f"{what}; allowed: a dense {slot.ndim}-D tensor (strided layout)"
+            )
         on_device = src.device.type != "cpu"
         if on_device and (device.type == "cpu" or src.device != device):
             raise layout.fail(
@@ -149,7 +153,7 @@ def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.nd
     and NaN are checked when a refresh commits them."""
     tp = type(values)
     src = values
-    if tp is np.ndarray or ((tp is torch.Tensor or tp is torch.nn.Parameter) and _plain(values)):
+    if tp is np.ndarray or ((tp is torch.Tensor or tp is torch.nn.Parameter) and _odd(values) is None):
         nd = values.ndim
         if nd > 1:
             raise Layout.fail(
@@ -208,24 +212,15 @@ def _fitted(
     return prepared(slot, src, None, rows, width)
 
 
-def _plain(t: torch.Tensor) -> bool:
-    return t.layout == torch.strided and not t.is_nested and not t.is_conj() and not t.is_neg()
-
-
-def _check_tensor_kind(slot: ResolvedBuffer, t: torch.Tensor, name: str, label: str) -> None:
-    what = None
+def _odd(t: torch.Tensor) -> str | None:
+    """What keeps ``t`` from being a plain dense tensor, or None."""
     if t.is_nested:
-        what = "a nested tensor"
-    elif t.layout != torch.strided:
-        what = f"a {str(t.layout).removeprefix('torch.')} tensor"
-    elif t.is_conj() or t.is_neg():
-        what = "a tensor with a lazy conjugate/negative bit"
-    elif t.dim() == 0:
-        what = "a 0-d tensor"
-    if what is not None:
-        raise Layout.fail(
-            RefreshError, name, label, f"{what}; allowed: a dense {slot.ndim}-D tensor (strided layout)"
-        )
+        return "a nested tensor"
+    if t.layout != torch.strided:
+        return f"a {str(t.layout).removeprefix('torch.')} tensor"
+    if t.is_conj() or t.is_neg():
+        return "a tensor with a lazy conjugate/negative bit"
+    return None
 
 
 def _check_cast(slot: ResolvedBuffer, dtype: np.dtype | torch.dtype, name: str, label: str) -> None:
