@@ -18,7 +18,7 @@ import torch
 from graphbuf.buffers import native
 from graphbuf.buffers.commit import rectangle, write_live
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
-from graphbuf.buffers.validate import Prepared, check_source, fit_typed, prepared, values_fit
+from graphbuf.buffers.validate import Prepared, accept_typed, check_source, prepared
 
 __all__ = ["Backend", "NativeBackend", "chosen"]
 
@@ -30,11 +30,13 @@ class Backend:
     staged: ModuleType | None = None  # the native host state and its commit
 
     def fits(self, slot: ResolvedBuffer, arr: np.ndarray, rows: int, width: int) -> bool:
-        """The values of the non-empty live region ``arr[:rows, :width]`` (1-D: ``arr[:rows]``) lie within
-        the slot's bounds (False for NaN and for any value outside: the general path names it)."""
+        """The values of the non-empty live region ``arr[:rows, :width]`` (1-D: ``arr[:rows]``) hold no NaN
+        and lie within the slot's ``min``/``max``; False otherwise (the general path then names the value)."""
         if arr.shape[0] != rows or (arr.ndim == 2 and arr.shape[1] != width):
             arr = arr[:rows, :width] if arr.ndim == 2 else arr[:rows]
-        return values_fit(slot, arr)
+        if arr.dtype.kind == "f" and np.isnan(arr).any():
+            return False
+        return bool((slot.lo is None or arr.min() >= slot.lo) and (slot.hi is None or arr.max() <= slot.hi))
 
     def accept(
         self,
@@ -47,7 +49,7 @@ class Backend:
         strict: bool,
     ) -> Prepared:
         """A host source of a dtype the slot casts safely without a value check, validated."""
-        return fit_typed(layout, slot, name, host, size, label, strict)
+        return accept_typed(layout, slot, name, host, size, label, strict)
 
     def accept_all(
         self,

@@ -20,6 +20,7 @@ from graphbuf.errors import RefreshError, RowsError, WidthError
 __all__ = [
     "Prepared",
     "Source",
+    "accept_typed",
     "check_num_reqs",
     "check_row",
     "check_source",
@@ -27,11 +28,9 @@ __all__ = [
     "check_values",
     "check_widths",
     "count_of",
-    "fit_typed",
     "live_requests",
     "prepared",
     "requests_hint",
-    "values_fit",
 ]
 
 #: What a refresh takes per buffer: a torch tensor, a numpy array or a (nested) list of numbers.
@@ -91,7 +90,7 @@ def check_source(
     return _fitted(layout, slot, name, _typed(layout, slot, name, src, label, device), size, label, strict)
 
 
-def fit_typed(
+def accept_typed(
     layout: Layout, slot: ResolvedBuffer, name: str, host: np.ndarray, size: int, label: str, strict: bool
 ) -> Prepared:
     """A host source of a dtype ``slot`` casts safely without a value check, validated (layout, capacity,
@@ -355,14 +354,6 @@ def _integers(arr: np.ndarray, src: list | tuple) -> np.ndarray:
         return np.array(ints, dtype=dtype).reshape(arr.shape)
     except OverflowError:
         return arr
-
-
-def values_fit(slot: ResolvedBuffer, arr: np.ndarray) -> bool:
-    """True when every value of the non-empty integer ``arr`` lies within the slot's ``min``/``max``; False
-    for float and bool arrays and for any value outside: then :func:`check_values` finds it and names it."""
-    if arr.dtype.kind not in "iu":
-        return False
-    return bool((slot.lo is None or arr.min() >= slot.lo) and (slot.hi is None or arr.max() <= slot.hi))
 
 
 def check_values(
