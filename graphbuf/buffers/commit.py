@@ -66,7 +66,7 @@ class Cells(NamedTuple):
 _INT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _TORCH_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _new_tuple = tuple.__new__
-_NOTHING_STAGED: tuple[list[Any], int, list[int]] = ([], 0, [])  # no staged cells to pack
+_NO_CELLS: tuple[list[Any], list[Any], list[int]] = ([], [], [])  # no staged cells to pack
 
 
 def write_live(
@@ -228,7 +228,7 @@ class Committer:
         if self._events[k] is not None:
             self._events[k].synchronize()  # the upload that last read this upload copy has finished
         if self._packer is not None:
-            moved = self._write_packed(k, sources, size, native and (native[0], n, native[2]))
+            moved = self._write_packed(k, sources, size, native, n)
             if moved < 0:
                 return False
         else:
@@ -327,11 +327,11 @@ class Committer:
         self._fence(k)
         return moved
 
-    def _write_packed(self, k: int, prepared: Sequence[Prepared], size: int, staged: Any) -> int:
+    def _write_packed(self, k: int, prepared: Sequence[Prepared], size: int, native: Any, n: int) -> int:
         """:meth:`apply`'s write with the packer: the sources into upload copy ``k``; the rectangles they
         touched (the backend's ``write_words`` gives them with the write) and the staged cells in one packed
-        upload placed by :meth:`_Arena.place`; the rest as :meth:`_copy` does. Returns the staged bytes (-1:
-        not packed)."""
+        upload placed by :meth:`_Arena.place`; the rest as :meth:`_copy` does. ``native``, ``n``: as
+        :meth:`apply` takes them. Returns the staged bytes (-1: not packed)."""
         rows, cols = self._rows, self._cols
         moved, rects, rect_words, rest = self.layout.backend.write_words(
             self._targets[k], prepared, self._ends[size], self._pads, rows, cols, self._words_of, _PACK_WORDS
@@ -341,30 +341,32 @@ class Committer:
         self._refreshes += 1
         self._last = moved
         self._total += moved
-        cores, n, bases = staged or _NOTHING_STAGED
+        cores, _, bases = native or _NO_CELLS
         arena = self._arenas[k] or self._arena(k, 0)
         got = self._packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)  # type: ignore[union-attr]
         unread = False
         if type(got) is not tuple:
-            arena, got, unread = self._pack_again(k, got, rects, staged)
+            arena, got, unread = self._pack_again(k, got, rects, native, n)
         pairs, b, runs = got
-        run_words = sum(n for _, n in runs) if runs else 0
+        run_words = sum(w for _, w in runs) if runs else 0
         if pairs or runs:
             arena.place(self._words, pairs, b, runs, run_words)
         if rest:
             self._copy(k, rest)
         else:
             self._fence(k)
-        return -1 if unread else 4 * (pairs + run_words - rect_words) if staged else 0
+        return -1 if unread else 4 * (pairs + run_words - rect_words) if native else 0
 
-    def _pack_again(self, k: int, got: Any, rects: list[Any], staged: Any) -> tuple[_Arena, Any, bool]:
+    def _pack_again(
+        self, k: int, got: Any, rects: list[Any], native: Any, n: int
+    ) -> tuple[_Arena, Any, bool]:
         """:meth:`_write_packed`'s pack once more after it answered ``got``: -words (more than arena ``k``
         holds) with a larger arena, the same call; None (a staged core it cannot read), the rectangles
         alone. Returns (arena, pack's answer, whether the staged cores were left unread)."""
         rows, cols, image = self._rows, self._cols, self._images[k]
         arena = self._arena(k, -got) if type(got) is int else self._arenas[k]
         if type(got) is int:
-            cores, n, bases = staged or _NOTHING_STAGED
+            cores, _, bases = native or _NO_CELLS
             got = self._packer.pack(rects, image, cores, n, rows, cols, bases, arena.host)  # type: ignore[union-attr]
         if got is None:
             return arena, self._packer.pack(rects, image, [], 0, rows, cols, [], arena.host), True  # type: ignore[union-attr]
