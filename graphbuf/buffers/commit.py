@@ -28,7 +28,7 @@ import torch
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
 from graphbuf.buffers.validate import Prepared
 
-__all__ = ["PACK_MAX", "Cells", "Committer", "RefreshStats", "rectangle", "write_live"]
+__all__ = ["PACK_MAX", "Cells", "Committer", "RefreshStats", "place_device_source", "rectangle", "write_live"]
 
 #: Bytes up to which a rectangle a refresh touches goes into the packed upload (its word indices cost twice
 #: its 4-byte words); a larger one is uploaded on its own.
@@ -413,11 +413,8 @@ class Committer:
             wide = dst.dim() == 2
             if r and c:
                 (dst[:r, :c] if wide else dst[:r]).copy_(src[:r, :c] if wide else src[:r], non_blocking=True)
-            if dev is not None:  # device-resident source: its live cells, then its repeated rows
-                (dst[:n, :w] if wide else dst[:n]).copy_(dev, non_blocking=True)
-                if slot.repeat_last and n and end > n:
-                    tail = dst[n:end, :c] if wide else dst[n:end]
-                    tail.copy_((dst[n - 1 : n, :c] if wide else dst[n - 1 : n]).expand_as(tail))
+            if dev is not None:
+                place_device_source(dst, slot, dev, n, w, end, c)
         self._fence(k)
         return 0
 
@@ -484,6 +481,18 @@ def _buckets(cap: int) -> list[int]:
         out += [top + m * (top // 8) for m in range(1, 9) if top + m * (top // 8) <= cap]
         top *= 2
     return out
+
+
+def place_device_source(
+    dst: torch.Tensor, slot: ResolvedBuffer, dev: torch.Tensor, n: int, w: int, end: int, c: int
+) -> None:
+    """A device-resident source's live cells into ``dst`` (on its device), then, ``repeat_last``, rows
+    ``n..end`` (2-D: their first ``c`` columns) as its last live row."""
+    wide = dst.dim() == 2
+    (dst[:n, :w] if wide else dst[:n]).copy_(dev, non_blocking=True)
+    if slot.repeat_last and n and end > n:
+        tail = dst[n:end, :c] if wide else dst[n:end]
+        tail.copy_((dst[n - 1 : n, :c] if wide else dst[n - 1 : n]).expand_as(tail))
 
 
 def rectangle(slot: ResolvedBuffer, n: int, w: int, end: int, rows: int, cols: int) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from graphbuf.buffers.commit import write_live
+from graphbuf.buffers.commit import place_device_source, write_live
 from graphbuf.buffers.layout import Layout
 from graphbuf.buffers.validate import Prepared
 
@@ -29,8 +29,6 @@ def build_eager(
             t = t.view(torch.bfloat16)
         t = t.to(device)
         if dev is not None:
-            (t[:n, :w] if cols else t[:n]).copy_(dev)
-            if slot.repeat_last and 0 < n < rows:
-                t[n:] = t[n - 1]
+            place_device_source(t, slot, dev, n, w, rows, cols)
         out[slot.name] = t
     return out
