@@ -1,28 +1,20 @@
 """Staged writes: say what changed in a buffer's host state; the next refresh checks and writes only that.
 
-The write API is what servers do to persistent metadata (vLLM's ``BlockTable``): set or append values in a
-row from a column, set a row, move or swap rows, clear a row, scatter cells. ``StaticBuffers.stage`` returns
-a :class:`StagedBuffer` per buffer.
-
-Model. A staged buffer has a *host state*, an array of its whole allocation that takes the buffer's contents
-at the first ``stage()``. Writes change it at once and record the changed cells. The next
+A staged buffer (:meth:`graphbuf.StaticBuffers.stage`) has a *host state*, an array of its whole allocation
+that takes the buffer's contents at the first ``stage()``. Writes (set or append in a row, set, move, swap or
+clear rows, scatter cells) change it at once and record the changed cells. The next
 ``refresh(size, sources, num_reqs=n)`` that leaves the buffer out of ``sources`` commits it: the buffer then
-holds what a full refresh with source ``host[:rows]`` (the spec's rows at ``n``) would write. A buffer given
-whole takes that source as its host state; giving it whole with uncommitted writes is an error.
+holds what a full refresh with source ``host[:rows]`` (the spec's rows at ``n``) would write. Only the changed
+cells of live rows, the used width of rows entering the live range and the cells the high-water marks say
+must be cleared are checked (a full refresh's rules and messages) and written, after the full sources
+(:meth:`graphbuf.buffers.commit.Committer.apply`); a commit that raises writes nothing and its writes stay
+staged. A buffer given whole takes that source as its host state; giving it whole with uncommitted writes is
+an error. ``repeat_last``, ``bfloat16`` and buffers whose width differs between capture sizes are refreshed
+whole.
 
-Commit. Only the changed cells of live rows, the used width of rows entering the live range and the cells
-the high-water marks say must be cleared are checked (a full refresh's rules and messages) and written,
-after the full sources, by :meth:`graphbuf.buffers.commit.Committer.apply`. A commit that raises writes
-nothing and its writes stay staged.
-
-Host states. The backend's kind, chosen with the buffers: the C ``_native.Staged`` (registered as a
-:class:`StagedBuffer`; plain arguments run without a Python frame, others through :class:`_Checks` first;
-its cells are checked and written or packed in C) or :class:`StagedBuffer` itself in numpy. Both give the
-same bytes and errors. A write copies its arguments before checking them; :attr:`StagedBuffer.host` and
-:attr:`StagedBuffer.lengths` are views that cannot be made writable.
-
-Limits: ``repeat_last``, ``bfloat16`` and buffers whose width differs between capture sizes are refreshed
-whole (:meth:`StagedWrites.buffer` says so).
+The host state is the backend's: the C ``_native.Staged`` (registered as a :class:`StagedBuffer`; arguments
+it does not take as they are go through :class:`_Checks` first) or :class:`StagedBuffer` in numpy, with the
+same bytes and errors.
 """
 
 from __future__ import annotations
@@ -49,14 +41,16 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 _FEW = 8  # up to this many runs are expanded one arange each
 
 
-def _expand(runs: np.ndarray) -> np.ndarray:
-    """Flat indices of ``runs`` (an n × 2 array of [start, stop) ranges), vectorized (a few runs: one
-    ``arange`` each, cheaper than the cumulative sums)."""
-    if runs.shape[0] <= _FEW:
-        parts = [np.arange(a, b, dtype=np.int64) for a, b in runs.tolist() if b > a]
+def _expand(runs: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
+    """Flat indices of ``runs``, [start, stop) pairs, in order (a few runs: one ``arange`` each, cheaper than
+    the cumulative sums)."""
+    if len(runs) <= _FEW:
+        pairs = runs.tolist() if isinstance(runs, np.ndarray) else runs
+        parts = [np.arange(a, b, dtype=np.int64) for a, b in pairs if b > a]
         if not parts:
             return _EMPTY
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    runs = np.asarray(runs, dtype=np.int64)
     starts, lengths = runs[:, 0], runs[:, 1] - runs[:, 0]
     keep = lengths > 0
     if not keep.all():
@@ -65,14 +59,18 @@ def _expand(runs: np.ndarray) -> np.ndarray:
     if not total:
         return _EMPTY
     ends = np.cumsum(lengths)
-    base = np.repeat(starts - (ends - lengths), lengths)
-    return base + np.arange(total, dtype=np.int64)
+    return np.repeat(starts - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)
+
+
+def _is_int(x: Any) -> bool:
+    """The integer rule of rows and columns: ints and numpy integers, not bool (nor float or str)."""
+    return type(x) is int or (isinstance(x, (int, np.integer)) and not isinstance(x, bool))
 
 
 class _Checks:
     """The stage-time checks of one staged buffer: every write's arguments in plain form (int rows and
     columns inside the allocation; values and indices fresh contiguous 1-D arrays owned here), or the error
-    naming what is wrong. Both host states use them: the Python one on every write, the native one
+    naming what is wrong. The Python host state runs them on every write, the native one
     (``graphbuf.buffers._native.Staged``) on any argument it does not take as it is."""
 
     def __init__(
@@ -110,8 +108,7 @@ class _Checks:
             arr = self._values(values, "set")
             k = arr.shape[0]
             if self.wide:
-                r = self._row(row, "set")
-                return r, arr, self._col(col, k, "set")
+                return self._row(row, "set"), arr, self._col(col, k, "set")
             if col != 0 or isinstance(col, bool):
                 raise WidthError(f"set(): buffer {self.name!r}: 1-D buffer; col must be 0, got {col!r}")
             r = self._row(row, "set")
@@ -122,22 +119,21 @@ class _Checks:
                 )
             return r, arr, 0
         if op == "append":
-            row, values = args
             if self.lens is None:
                 raise RefreshError(f"append(): buffer {self.name!r} is 1-D; use set(row, values)")
-            r = self._row(row, "append")
-            arr = self._values(values, "set")
+            r = self._row(args[0], "append")
+            arr = self._values(args[1], "set")
             self._col(int(self.lens[r]), arr.shape[0], "set")
             return r, arr
         if op == "set_row":
-            row, values = args
-            r = self._row(row, "set_row")
-            arr = self._values(values, "set_row")
-            k = arr.shape[0]
-            if not self.wide and k != 1:
-                raise RefreshError(f"set_row(): buffer {self.name!r} is 1-D; a row is one value, got {k}")
+            r = self._row(args[0], "set_row")
+            arr = self._values(args[1], "set_row")
             if self.wide:
-                self._col(0, k, "set_row")
+                self._col(0, arr.shape[0], "set_row")
+            elif arr.shape[0] != 1:
+                raise RefreshError(
+                    f"set_row(): buffer {self.name!r} is 1-D; a row is one value, got {arr.shape[0]}"
+                )
             return r, arr
         if op in ("clear_row", "move_row", "swap_rows"):
             return tuple(self._row(a, op) for a in args)
@@ -154,11 +150,7 @@ class _Checks:
             )
         if not r.shape[0]:
             return None, None, None
-        if lo < 0 or hi >= self.rows:
-            raise RowsError(
-                f"scatter(): buffer {self.name!r}: row {lo if lo < 0 else hi} outside the captured "
-                f"allocation of {self.rows} rows"
-            )
+        self._within(lo, hi, self.rows, "row", RowsError)
         if not self.wide:
             if cols is not None:
                 raise WidthError(f"scatter(): buffer {self.name!r} is 1-D; cols must be None")
@@ -168,17 +160,19 @@ class _Checks:
         c, clo, chi = self._indices(cols, "cols", WidthError)
         if c.shape[0] != r.shape[0]:
             raise RefreshError(f"scatter(): buffer {self.name!r}: {r.shape[0]} rows but {c.shape[0]} cols")
-        if clo < 0 or chi >= self.width:
-            raise WidthError(
-                f"scatter(): buffer {self.name!r}: column {clo if clo < 0 else chi} outside the captured "
-                f"allocation of {self.width} columns"
-            )
+        self._within(clo, chi, self.width, "column", WidthError)
         return r.astype(np.int64), arr, c.astype(np.int64)
 
+    def _within(self, lo: int, hi: int, limit: int, what: str, err: type[RefreshError]) -> None:
+        if lo < 0 or hi >= limit:
+            raise err(
+                f"scatter(): buffer {self.name!r}: {what} {lo if lo < 0 else hi} outside the captured "
+                f"allocation of {limit} {what}s"
+            )
+
     def _indices(self, x: Any, what: str, err: type[RefreshError]) -> tuple[np.ndarray, int, int]:
-        """Scatter's ``rows`` or ``cols`` under :meth:`_row`'s integer rule (ints and numpy integers; no
-        bool, float or str): a fresh flat array of the given integers, and their least and greatest value
-        as given (never wrapped). Empty: (array, 0, -1)."""
+        """Scatter's ``rows`` or ``cols`` under :func:`_is_int`'s rule: a fresh flat array of the given
+        integers, and their least and greatest value as given (never wrapped). Empty: (array, 0, -1)."""
         tp = type(x)
         if tp is torch.Tensor and x.device.type == "cpu" and x.layout == torch.strided:
             x = x.detach().cpu().resolve_neg().resolve_conj().numpy()
@@ -187,12 +181,10 @@ class _Checks:
             if x.dtype.kind not in "iu":
                 raise err(f"scatter(): buffer {self.name!r}: {what} of dtype {x.dtype}; allowed: integers")
             flat = np.array(x, order="C").reshape(-1)  # a copy: the caller may reuse its array
-            if not flat.size:
-                return flat, 0, -1
-            return flat, int(flat.min()), int(flat.max())
+            return (flat, int(flat.min()), int(flat.max())) if flat.size else (flat, 0, -1)
         if tp is list or tp is tuple:
             for i, v in enumerate(x):
-                if type(v) is not int and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+                if not _is_int(v):
                     raise err(f"scatter(): buffer {self.name!r}: {what}[{i}] = {v!r} is not an integer")
             ints = [int(v) for v in x]
             if not ints:
@@ -201,7 +193,7 @@ class _Checks:
             if lo < -(2**63) or hi >= 2**63:  # outside int64: no array holds them; the range check names them
                 return np.zeros(len(ints), dtype=np.int64), lo, hi
             return np.array(ints, dtype=np.int64), lo, hi
-        if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+        if _is_int(x):
             v = int(x)
             return np.array([v if -(2**63) <= v < 2**63 else 0], dtype=np.int64), v, v
         raise err(
@@ -210,10 +202,9 @@ class _Checks:
         )
 
     def _row(self, row: Any, op: str) -> int:
-        if type(row) is not int:
-            if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
-                raise RowsError(f"{op}(): buffer {self.name!r}: row {row!r} is not an integer")
-            row = int(row)
+        if not _is_int(row):
+            raise RowsError(f"{op}(): buffer {self.name!r}: row {row!r} is not an integer")
+        row = int(row)
         if not 0 <= row < self.rows:
             raise RowsError(
                 f"{op}(): buffer {self.name!r}: row {row} outside the captured allocation of {self.rows} rows"
@@ -221,10 +212,9 @@ class _Checks:
         return row
 
     def _col(self, col: Any, k: int, op: str) -> int:
-        if type(col) is not int:
-            if isinstance(col, bool) or not isinstance(col, (int, np.integer)):
-                raise WidthError(f"{op}(): buffer {self.name!r}: column {col!r} is not an integer")
-            col = int(col)
+        if not _is_int(col):
+            raise WidthError(f"{op}(): buffer {self.name!r}: column {col!r} is not an integer")
+        col = int(col)
         if col < 0 or col + k > self.width:
             raise WidthError(
                 f"{op}(): buffer {self.name!r}: columns {col}..{col + k - 1} reach outside the captured "
@@ -233,8 +223,7 @@ class _Checks:
         return col
 
     def _values(self, values: Any, op: str) -> np.ndarray:
-        """``values`` as a fresh contiguous 1-D array of the buffer's dtype: a refresh's value rule
-        (:func:`~graphbuf.buffers.validate.check_row`)."""
+        """``values`` as a fresh contiguous 1-D array of the buffer's dtype, by a refresh's value rule."""
         return check_row(self.slot, values, self.name, f"{op}()")
 
 
@@ -246,10 +235,9 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
     does to them afterwards reaches the host state. A 1-D buffer's "row" is one element: :meth:`set`
     writes a run of elements from ``row``.
 
-    This class is the Python host state (its writes in numpy, its changed cells as flat element indices);
-    with the native kernel :meth:`graphbuf.StaticBuffers.stage` returns the native host state
-    (``graphbuf.buffers._native.Staged``, registered as a StagedBuffer): the same methods, bytes and errors,
-    the checks of arguments it does not take as they are made by this class's own :class:`_Checks`.
+    This class is the Python host state (changed cells kept as flat element indices); with the native
+    kernel, :meth:`graphbuf.StaticBuffers.stage` returns ``graphbuf.buffers._native.Staged`` (registered as
+    a StagedBuffer): the same methods, bytes and errors.
     """
 
     def __init__(
@@ -292,25 +280,14 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
 
     @property
     def nchanged(self) -> int:
-        return sum(b - a for a, b in self.runs if b > a) + sum(c.size for c in self.cells)
+        return sum(b - a for a, b in self.runs) + sum(c.size for c in self.cells)
 
     def changed_into(self, out: np.ndarray) -> None:
-        """Every changed flat index (a cell staged twice appears twice) into ``out`` (the native host
-        state's interface)."""
-        out[:] = self._changed()
-
-    def _changed(self) -> np.ndarray:
-        runs, cells = self.runs, self.cells
-        parts = list(cells)
-        if runs:
-            if len(runs) <= _FEW:
-                parts.extend(np.arange(a, b, dtype=np.int64) for a, b in runs)
-            else:
-                parts.append(_expand(np.array(runs, dtype=np.int64)))
-        if not parts:
-            return _EMPTY
-        # A cell staged twice is written (and counted) twice: deduplicating costs more than the write.
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        """Every changed flat index into ``out``; a cell staged twice appears twice (deduplicating costs more
+        than writing it twice)."""
+        parts = [*self.cells, _expand(self.runs)] if self.runs else self.cells
+        if parts:
+            out[:] = parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def set(self, row: Any, values: Any, col: Any = 0) -> None:
         """2-D: ``values`` into row ``row`` from column ``col``. 1-D: into elements ``row``, ``row+1``, ..."""
@@ -325,21 +302,16 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
 
     def _set(self, r: int, arr: np.ndarray, c: int) -> None:
         k = arr.shape[0]
-        if self.wide:
-            self.state[r, c : c + k] = arr
-            if c + k > self.lens[r]:  # type: ignore[index]
-                self.lens[r] = c + k  # type: ignore[index]
-                if c + k > self.colmax:
-                    self.colmax = c + k
-            start = r * self.width + c
-            self.runs.append((start, start + k))
-            if r >= self.top:
-                self.top = r + 1
-        else:
-            self.state[r : r + k] = arr
-            self.runs.append((r, r + k))
-            if r + k > self.top:
-                self.top = r + k
+        start = r * self.width + c
+        self.flat[start : start + k] = arr
+        self.runs.append((start, start + k))
+        if not self.wide:
+            self.top = max(self.top, r + k)
+            return
+        if c + k > self.lens[r]:  # type: ignore[index]
+            self.lens[r] = c + k  # type: ignore[index]
+            self.colmax = max(self.colmax, c + k)
+        self.top = max(self.top, r + 1)
 
     def _put_row(self, r: int, arr: np.ndarray, grow: bool = True) -> None:
         """Row ``r`` becomes ``arr``, the rest of its used width the pad (1-D: element ``r`` becomes
@@ -354,11 +326,10 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
             if old > k:
                 self.state[r, k:old] = self.slot.pad
             lens[r] = k  # type: ignore[index]
-            if k > self.colmax:
-                self.colmax = k
+            self.colmax = max(self.colmax, k)
             self.runs.append((r * self.width, r * self.width + max(k, old)))
-        if grow and r >= self.top:
-            self.top = r + 1
+        if grow:
+            self.top = max(self.top, r + 1)
 
     def _row_values(self, r: int) -> np.ndarray:
         """A copy of row ``r``'s used values (1-D: its one element)."""
@@ -400,19 +371,13 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
             r, arr, c = self._normalize("scatter", rows, values, cols)
             if r is None:
                 return
-            hi = int(r.max())
+            idx = r * self.width + c if self.wide else r
+            self.flat[idx] = arr
             if self.wide:
-                self.state[r, c] = arr
                 np.maximum.at(self.lens, r, c + 1)
-                chi = int(c.max())
-                if chi + 1 > self.colmax:
-                    self.colmax = chi + 1
-                self.cells.append(r * self.width + c)
-            else:
-                self.state[r] = arr
-                self.cells.append(r)
-            if hi >= self.top:
-                self.top = hi + 1
+                self.colmax = max(self.colmax, int(c.max()) + 1)
+            self.cells.append(idx)
+            self.top = max(self.top, int(r.max()) + 1)
 
 
 def changed_cells(core: Any) -> np.ndarray:
@@ -423,8 +388,7 @@ def changed_cells(core: Any) -> np.ndarray:
 
 
 def _read_only(arr: np.ndarray) -> np.ndarray:
-    """A view of ``arr`` that cannot be made writable (its base is a read-only buffer, so numpy refuses
-    to set ``writeable``); it follows ``arr``'s values."""
+    """A view of ``arr`` that follows its values and cannot be made writable (its base is read-only)."""
     return np.asarray(memoryview(arr).toreadonly())
 
 
@@ -447,9 +411,9 @@ class StagedWrites:
         # the host states, their in-place targets and their offsets in slab words.
         self._native: tuple[list[Any], list[Any], list[int]] | None = None
         self._marks = committer.marks  # the committer's own lists (read by the C check)
-        self._kernel = staged_kernel = layout.backend.staged  # the host state's kind: the backend's
-        if staged_kernel is not None:
-            StagedBuffer.register(staged_kernel.Staged)  # the native host state is a StagedBuffer
+        self._kernel = layout.backend.staged  # the host state's kind: the backend's
+        if self._kernel is not None:
+            StagedBuffer.register(self._kernel.Staged)  # the native host state is a StagedBuffer
 
     def buffer(self, name: Any) -> StagedBuffer:
         """The staged-write handle of buffer ``name`` (made on first use: its host state then takes the
@@ -457,8 +421,7 @@ class StagedWrites:
         h = self._handles.get(name) if isinstance(name, str) else None
         if h is not None:
             return h
-        label = "stage()"
-        slot = self.layout.slot(label, name)
+        slot = self.layout.slot("stage()", name)
         why = None
         if slot.repeat_last:
             why = "is padded repeat_last"
@@ -468,39 +431,34 @@ class StagedWrites:
             why = "has a width that differs between capture sizes"
         if why is not None:
             raise self.layout.fail(
-                RefreshError, name, label, f"{why}; staged writes do not apply, refresh it whole"
+                RefreshError, name, "stage()", f"{why}; staged writes do not apply, refresh it whole"
             )
         rows, cols = self._commit.mark(slot.index)
-        t = self._full[name]
-        host = t.detach().cpu().numpy().copy()  # one read of the current contents
-        lens = None
+        host = self._full[name].detach().cpu().numpy().copy()  # one read of the current contents
+        lens, colmax = None, 0
         if slot.ndim == 2:
-            lens = np.zeros(host.shape[0], dtype=np.int64)
+            lens, colmax = np.zeros(host.shape[0], dtype=np.int64), cols
             lens[:rows] = cols
-        colmax = cols if slot.ndim == 2 else 0
         kernel = self._kernel
         if kernel is None:
-            h: Any = StagedBuffer(slot, host, lens, colmax, rows, self.guard)
-            checks: _Checks = h
+            h = checks = StagedBuffer(slot, host, lens, colmax, rows, self.guard)
         else:
             checks = _Checks(slot, host, lens, self.guard)
-            table = slot.rows_of_requests
             h = kernel.Staged(
-                host, lens, slot.pad.tobytes(), slot.lo, slot.hi, table, slot.index, self.guard.lock, colmax,
-                rows, checks, np.ndarray,
+                host, lens, slot.pad.tobytes(), slot.lo, slot.hi, slot.rows_of_requests, slot.index,
+                self.guard.lock, colmax, rows, checks, np.ndarray,
             )  # fmt: skip
         self._handles[name] = h
         self._checks[name] = checks
         self.names = frozenset(self._handles)
         self.required = self.layout.required.difference(self.names)
         commit, slots = self._commit, [c.slot for c in self._checks.values()]
+        self._native = None
         if kernel is not None and (
             not commit.uploads or all(s.itemsize % 4 == 0 and s.plan.offset % 4 == 0 for s in slots)
         ):  # uploaded, C packs the cells as 4-byte slab words: every staged buffer must be
             targets = [None if commit.uploads else commit.flat(s.index) for s in slots]
             self._native = (list(self._handles.values()), targets, [s.plan.offset // 4 for s in slots])
-        else:
-            self._native = None
         return h
 
     def host_sources(self, names: Iterable[str], size: int, n: int) -> dict[str, np.ndarray]:
@@ -520,113 +478,94 @@ class StagedWrites:
         ``prepared``, checked already, then the staged cells); the host states then forget their changes. The
         check runs in C when every host state is native and no staged buffer is given whole; otherwise (and
         to name an error) :meth:`check` runs."""
-        commit = self._commit
-        if not self._handles:
+        commit, handles, native = self._commit, self._handles, self._native
+        if not handles:
             commit.apply(size, prepared)
             return
-        native = self._native
         if native is not None:
-            handles = self._handles
             for p in prepared:
                 if p[0].name in handles:
                     break  # a staged buffer given whole: the Python commit takes its host state
             else:
                 rows, cols = self._marks
                 if self._kernel.commit(native[0], n, rows, cols, native[1], False) is True:  # type: ignore[union-attr]
-                    if not commit.apply(size, prepared, (), native, n):
-                        self._write(self.check((), size, n, label))  # not packed: its checks passed in C
+                    if not commit.apply(size, prepared, (), native, n):  # not packed: its checks passed in C
+                        cells = self.check((), size, n, label)
+                        commit.write_cells(cells)
+                        for c in cells:
+                            handles[c.slot.name].clear()
                     return
         cells = self.check(prepared, size, n, label)
         commit.apply(size, prepared, cells)
-        self._forget(cells)
-        for p in prepared:
-            h = self._handles.get(p.slot.name)
-            if h is not None:
-                self._absorb(h, p)
-
-    def _write(self, cells: list[Cells]) -> None:
-        self._commit.write_cells(cells)
-        self._forget(cells)
-
-    def _forget(self, cells: list[Cells]) -> None:
-        """The host states of committed ``cells`` forget their changes."""
         for c in cells:
-            self._handles[c.slot.name].clear()
+            handles[c.slot.name].clear()
+        for p in prepared:
+            if p.slot.name in handles:
+                self._absorb(p)
 
     def check(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[Cells]:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
         writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error."""
-        handles = self._handles
-        given = None
-        if len(prepared):
-            given = {p.slot.name for p in prepared}
-            for name in given.intersection(handles):
-                if handles[name].pending:
-                    raise self.layout.fail(
-                        RefreshError, name, label,
-                        "has staged writes; pass it whole or leave it out (its staged writes are then "
-                        "committed), not both",
-                    )  # fmt: skip
+        handles, layout = self._handles, self.layout
+        given = {p.slot.name for p in prepared}
+        for name in given.intersection(handles):
+            if handles[name].pending:
+                raise layout.fail(
+                    RefreshError, name, label,
+                    "has staged writes; pass it whole or leave it out (its staged writes are then "
+                    "committed), not both",
+                )  # fmt: skip
         cells = []
-        layout = self.layout
         for name, h in handles.items():
-            if given is not None and name in given:
+            if name in given:
                 continue
-            m, core = self._checks[name], h
-            slot = m.slot
+            m = self._checks[name]
+            slot, w = m.slot, m.width
             table = slot.rows_of_requests
             live = table[n] if table is not None and n < len(table) else layout.rows_at(slot, size, n)
             shown, cols = self._commit.mark(slot.index)  # rows [:shown] hold host[:shown]; the rest pad
-            if not core.pending and live == shown:
+            if not h.pending and live == shown:
                 continue
-            w = m.width
             keep = min(live, shown)
+            one = h.single() if live <= shown else None
             idx: np.ndarray | slice
-            one = core.single() if live <= shown else None
             if one is not None:  # one run, no row enters: a slice
-                a, b = one
-                idx = slice(a, max(a, min(b, keep * w)))
+                idx = slice(one[0], max(one[0], min(one[1], keep * w)))
             else:
-                idx = changed_cells(core) if core.pending else _EMPTY
-                if idx.size and (keep < m.rows):
+                idx = changed_cells(h) if h.pending else _EMPTY
+                if idx.size and keep < m.rows:
                     idx = idx[idx < keep * w]
                 if live > shown:  # rows entering the live range: their used width
-                    if m.wide:
-                        r = np.arange(shown, live, dtype=np.int64)
-                        ent = _expand(np.stack((r * w, r * w + m.lens[shown:live]), axis=1))
-                    else:
-                        ent = np.arange(shown, live, dtype=np.int64)
+                    r = np.arange(shown, live, dtype=np.int64)
+                    ent = _expand(np.stack((r * w, r * w + m.lens[shown:live]), axis=1)) if m.wide else r
                     idx = np.concatenate((idx, ent)) if idx.size else ent
             vals = m.flat[idx]
             if vals.size and (slot.bounded or slot.kind == "f") and not _fits(layout.backend, slot, vals):
-                region = m.state[:live]
-                check_values(layout, slot, region, name, label)  # raises with a full refresh's message
-            colmark = (core.colmax if m.wide else 0) if live else 0
+                check_values(layout, slot, m.state[:live], name, label)  # raises: a full refresh's message
+            colmark = h.colmax if m.wide and live else 0
             cells.append(Cells(slot, idx, vals, live, max(shown, live), cols, colmark))
         return cells
 
-    def _absorb(self, h: StagedBuffer, p: Prepared) -> None:
-        """A refresh gave ``h``'s buffer whole: its live values become the host state, other rows pad."""
+    def _absorb(self, p: Prepared) -> None:
+        """A refresh gave a staged buffer whole: its live values become the host state, other rows pad."""
         slot, src, dev, n, w = p
-        if src is None:
-            src = dev.detach().cpu().numpy() if dev is not None else None
-        m, core = self._checks[h.name], h
-        pad = slot.pad
-        top = core.top
-        if top > n:
-            m.state[n:top] = pad
+        h, m = self._handles[slot.name], self._checks[slot.name]
+        if src is None and dev is not None:
+            src = dev.detach().cpu().numpy()
+        if h.top > n:
+            m.state[n : h.top] = slot.pad
         if m.wide:
             if src is not None:
                 m.state[:n, :w] = src[:n, :w]
-            if core.colmax > w:
-                m.state[:n, w : core.colmax] = pad
+            if h.colmax > w:
+                m.state[:n, w : h.colmax] = slot.pad
             m.lens[:n] = w  # type: ignore[index]
-            m.lens[n : max(n, top)] = 0  # type: ignore[index]
-            core.colmax = w if n else 0
+            m.lens[n : max(n, h.top)] = 0  # type: ignore[index]
+            h.colmax = w if n else 0
         elif src is not None:
             m.state[:n] = src[:n]
-        core.top = n
-        core.clear()
+        h.top = n
+        h.clear()
 
 
 def _fits(backend: Backend, slot: ResolvedBuffer, vals: np.ndarray) -> bool:
