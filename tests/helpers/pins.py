@@ -13,7 +13,6 @@ import torch
 
 from graphbuf import GraphSpec, StaticBuffers
 from graphbuf.buffers import native
-from graphbuf.buffers.backend import Backend
 
 _KERNEL_CALLS = ("fit", "accept", "accept_all", "write")
 
@@ -23,16 +22,12 @@ def _kernel_used(*args: Any, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def numpy_path(*given: StaticBuffers) -> Iterator[None]:
-    """Within the block, buffers take the numpy path: those built in it (the backend is chosen when
-    ``StaticBuffers`` is built: ``native.KERNEL`` None) and those ``given`` (switched for the block, as if
-    built without the kernel). The kernel's functions raise within it, so buffers that still hold the
-    kernel cannot pass a numpy-path test silently."""
+def numpy_path() -> Iterator[None]:
+    """Within the block, buffers built take the numpy backend (it is chosen when ``StaticBuffers`` is built:
+    ``native.KERNEL`` None), and the kernel's functions raise: buffers built with the kernel cannot pass a
+    numpy-backend check silently."""
     saved = native.KERNEL
     native.KERNEL = None
-    backends = [sb.layout.backend for sb in given]
-    for sb in given:
-        sb.layout.backend = Backend()
     real = {name: getattr(saved, name) for name in _KERNEL_CALLS if hasattr(saved, name)}
     for name in real:
         setattr(saved, name, _kernel_used)
@@ -41,8 +36,6 @@ def numpy_path(*given: StaticBuffers) -> Iterator[None]:
     finally:
         for name, f in real.items():
             setattr(saved, name, f)
-        for sb, b in zip(given, backends):
-            sb.layout.backend = b
         native.KERNEL = saved
 
 
@@ -52,21 +45,6 @@ def twins(*args: Any, **kwargs: Any) -> tuple[StaticBuffers, StaticBuffers]:
     with numpy_path():
         ref = StaticBuffers(*args, **kwargs)
     return nat, ref
-
-
-@contextlib.contextmanager
-def path(kind: str, *given: StaticBuffers) -> Iterator[None]:
-    """``"numpy"``: :func:`numpy_path` (for ``given`` too); ``"kernel"``: the kernel as built (skip where it
-    is not)."""
-    if kind == "numpy":
-        with numpy_path(*given):
-            yield
-        return
-    if native.KERNEL is None:
-        import pytest
-
-        pytest.skip("the native kernel is not built here")
-    yield
 
 
 def spec(buffers: dict[str, Any], *, sizes: list[int], tpr: int = 1, **constants: Any) -> GraphSpec:

@@ -149,7 +149,7 @@ class Twins:
                 k: (torch.from_numpy(v) if rng.random() < 0.5 else v) for k, v in self.persist.items()
             }
             self.bound_k = self.kern.bind(srcs)
-            with numpy_path(self.nump):
+            with numpy_path():
                 self.bound_n = self.nump.bind(srcs)
 
     # ------------------------------------------------------------------------------------------------
@@ -318,7 +318,7 @@ class Twins:
 
     def call(self, sb: StaticBuffers, sources: Any, kwargs: dict[str, Any], kernel: bool) -> str | None:
         src = (self.bound_k if kernel else self.bound_n) if sources == "bound" else sources
-        ctx = contextlib.nullcontext() if kernel else numpy_path(sb)
+        ctx = contextlib.nullcontext() if kernel else numpy_path()
         try:
             with ctx:
                 sb.refresh(self.size, src, **kwargs)

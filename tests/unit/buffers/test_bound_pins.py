@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from pins import buffers, contents, path
+from pins import buffers, contents
 
 from graphbuf import AddressChangedError, RefreshError, WidthError
 
@@ -26,8 +26,7 @@ def test_bind_of_a_non_mapping_is_a_refresh_error(given: object) -> None:
     sb.bind({"x": np.zeros(4, np.int32)}).refresh(4, 2)  # a mapping is accepted
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_bound_float_buffer_is_checked_for_nan_with_only_two_d_sources(kind: str) -> None:
+def test_a_bound_float_buffer_is_checked_for_nan_with_only_two_d_sources() -> None:
     """bound.py:116 ``if all(e[5] for e in entries)``: the fast path is built only when every source is of a
     fast dtype; a float buffer (never fast: its values need the NaN check) keeps every refresh on the checked
     path. Mutants (``any``, or another entry field such as ``e[3]``, "2-D", in the test) let a NaN through."""
@@ -39,17 +38,15 @@ def test_a_bound_float_buffer_is_checked_for_nan_with_only_two_d_sources(kind: s
     w = np.ones((4, 2), np.float32)
     bt = np.zeros((4, 3), np.int32)
     bound = sb.bind({"w": w, "bt": bt})
-    with path(kind, sb):
+    bound.refresh(4, 3)
+    w[1, 1] = np.nan
+    before = contents(sb)
+    with pytest.raises(RefreshError, match=r"buffer 'w': NaN at index \[1, 1\]"):
         bound.refresh(4, 3)
-        w[1, 1] = np.nan
-        before = contents(sb)
-        with pytest.raises(RefreshError, match=r"buffer 'w': NaN at index \[1, 1\]"):
-            bound.refresh(4, 3)
-        assert contents(sb) == before
+    assert contents(sb) == before
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_fixed_rows_buffer_bound_to_a_longer_source_reads_its_capacity(kind: str) -> None:
+def test_a_fixed_rows_buffer_bound_to_a_longer_source_reads_its_capacity() -> None:
     """bound.py:119 ``min(e[1].shape[0], e[0].capacity[s][0])``: a fixed-rows buffer (rows 3) bound to a
     5-row source reads 3 rows (mutant ``max``, or the columns ``[1]`` taken for the rows: 5 rows read, or
     0)."""
@@ -61,16 +58,14 @@ def test_a_fixed_rows_buffer_bound_to_a_longer_source_reads_its_capacity(kind: s
     fixed = np.arange(10, 15, dtype=np.int32)
     lens = np.arange(1, 6, dtype=np.int32)
     bound = sb.bind({"fixed": fixed, "lens": lens})
-    with path(kind, sb):
-        bound.refresh(4, 2)
-        assert sb.full["fixed"].tolist() == [10, 11, 12]
-        assert sb.full["lens"].tolist() == [1, 2, 0, 0]
-        assert sb.stats.last_bytes == 3 * 4 + 2 * 4
+    bound.refresh(4, 2)
+    assert sb.full["fixed"].tolist() == [10, 11, 12]
+    assert sb.full["lens"].tolist() == [1, 2, 0, 0]
+    assert sb.stats.last_bytes == 3 * 4 + 2 * 4
 
 
-@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("overflow", ["reject", "truncate"])
-def test_a_bound_width_above_the_allocation_is_rejected_or_cut(kind: str, overflow: str) -> None:
+def test_a_bound_width_above_the_allocation_is_rejected_or_cut(overflow: str) -> None:
     """bound.py:195 ``if not 0 <= w <= max_cols: return None``: a live width above the captured columns leaves
     the fast path, so ``overflow: reject`` raises WidthError and ``truncate`` writes the captured columns
     only (mutant: the check dropped, the write indexes past the buffer; or its bound moved, a width at the
@@ -81,51 +76,45 @@ def test_a_bound_width_above_the_allocation_is_rejected_or_cut(kind: str, overfl
     )  # fmt: skip
     src = np.arange(1, 4 * 6 + 1, dtype=np.int32).reshape(4, 6)
     bound = sb.bind({"bt": src})
-    with path(kind, sb):
-        bound.refresh(4, 2, widths={"bt": 3})  # exactly the allocation: accepted
-        assert sb.full["bt"].tolist() == [[1, 2, 3], [7, 8, 9], [0, 0, 0], [0, 0, 0]]
-        bound.refresh(4, 1, widths={"bt": 0})
-        assert sb.full["bt"].tolist() == [[0, 0, 0]] * 4
-        before = contents(sb)
-        if overflow == "reject":
-            with pytest.raises(WidthError, match=r"buffer 'bt': source is 5 wide, above the captured"):
-                bound.refresh(4, 2, widths={"bt": 5})
-            assert contents(sb) == before
-        else:
+    bound.refresh(4, 2, widths={"bt": 3})  # exactly the allocation: accepted
+    assert sb.full["bt"].tolist() == [[1, 2, 3], [7, 8, 9], [0, 0, 0], [0, 0, 0]]
+    bound.refresh(4, 1, widths={"bt": 0})
+    assert sb.full["bt"].tolist() == [[0, 0, 0]] * 4
+    before = contents(sb)
+    if overflow == "reject":
+        with pytest.raises(WidthError, match=r"buffer 'bt': source is 5 wide, above the captured"):
             bound.refresh(4, 2, widths={"bt": 5})
-            assert sb.full["bt"].tolist() == [[1, 2, 3], [7, 8, 9], [0, 0, 0], [0, 0, 0]]
-        with pytest.raises(RefreshError, match=r"width 7 outside the bound source's 0..6 columns"):
-            bound.refresh(4, 2, widths={"bt": 7})
-        with pytest.raises(RefreshError, match=r"width -1 outside"):
-            bound.refresh(4, 2, widths={"bt": -1})
+        assert contents(sb) == before
+    else:
+        bound.refresh(4, 2, widths={"bt": 5})
+        assert sb.full["bt"].tolist() == [[1, 2, 3], [7, 8, 9], [0, 0, 0], [0, 0, 0]]
+    with pytest.raises(RefreshError, match=r"width 7 outside the bound source's 0..6 columns"):
+        bound.refresh(4, 2, widths={"bt": 7})
+    with pytest.raises(RefreshError, match=r"width -1 outside"):
+        bound.refresh(4, 2, widths={"bt": -1})
 
 
-@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("bound_", "bad", "msg"), [
     ({"min": 0}, -3, r"value -3 at index \[1\] is below min 0"),
     ({"max": 9}, 12, r"value 12 at index \[1\] is above max 9"),
 ])  # fmt: skip
-def test_a_min_only_or_max_only_bound_is_checked_on_the_fast_path(
-    kind: str, bound_: dict, bad: int, msg: str
-) -> None:
+def test_a_min_only_or_max_only_bound_is_checked_on_the_fast_path(bound_: dict, bad: int, msg: str) -> None:
     """layout.py:109 ``bounded = b.min is not None or b.max is not None`` (mutant ``and``: a buffer with only
     one bound counts as unbounded and the bound fast path skips its values)."""
     sb = buffers({"lens": {"dtype": "int32", "rows": "requests", "pad": 0, **bound_}}, sizes=[4])
     lens = np.array([1, 2, 3, 4], np.int32)
     bound = sb.bind({"lens": lens})
-    with path(kind, sb):
+    bound.refresh(4, 3)
+    lens[1] = bad
+    before = contents(sb)
+    with pytest.raises(RefreshError, match=msg):
         bound.refresh(4, 3)
-        lens[1] = bad
-        before = contents(sb)
-        with pytest.raises(RefreshError, match=msg):
-            bound.refresh(4, 3)
-        assert contents(sb) == before
-        with pytest.raises(RefreshError, match=msg):
-            sb.refresh(4, {"lens": lens[:3]})
+    assert contents(sb) == before
+    with pytest.raises(RefreshError, match=msg):
+        sb.refresh(4, {"lens": lens[:3]})
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_eager_one_request_past_the_largest_capture_with_num_reqs(kind: str) -> None:
+def test_eager_one_request_past_the_largest_capture_with_num_reqs() -> None:
     """layout.py:125 ``if num_reqs < len(table)``: the table covers 0..largest requests; at exactly one more
     (``num_reqs`` given, so the rows are looked up, not inferred) the rule is evaluated (mutant ``<=``:
     IndexError)."""
@@ -136,14 +125,13 @@ def test_eager_one_request_past_the_largest_capture_with_num_reqs(kind: str) -> 
     )  # fmt: skip
     n = 4 // 2 + 1  # largest capture: 2 requests; the table has 3 entries
     before = contents(sb)
-    with path(kind, sb):
-        out = sb.eager_inputs(2 * n, {"lens": [5, 6, 7], "qsl": [0, 1, 2, 3]}, num_reqs=n)
-        assert out["lens"].tolist() == [5, 6, 7] and out["qsl"].tolist() == [0, 1, 2, 3]
-        with pytest.raises(RefreshError, match=r"buffer 'qsl': 3 rows, but num_reqs implies 3 live requests"):
-            sb.eager_inputs(2 * n, {"lens": [5, 6, 7], "qsl": [0, 1, 2]}, num_reqs=n)
-        bound = sb.bind({"lens": np.arange(8, dtype=np.int32), "qsl": np.arange(9, dtype=np.int32)})
-        out = sb.eager_inputs(2 * n, bound, num_reqs=n)
-        assert out["lens"].tolist() == [0, 1, 2] and out["qsl"].tolist() == [0, 1, 2, 3]
+    out = sb.eager_inputs(2 * n, {"lens": [5, 6, 7], "qsl": [0, 1, 2, 3]}, num_reqs=n)
+    assert out["lens"].tolist() == [5, 6, 7] and out["qsl"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(RefreshError, match=r"buffer 'qsl': 3 rows, but num_reqs implies 3 live requests"):
+        sb.eager_inputs(2 * n, {"lens": [5, 6, 7], "qsl": [0, 1, 2]}, num_reqs=n)
+    bound = sb.bind({"lens": np.arange(8, dtype=np.int32), "qsl": np.arange(9, dtype=np.int32)})
+    out = sb.eager_inputs(2 * n, bound, num_reqs=n)
+    assert out["lens"].tolist() == [0, 1, 2] and out["qsl"].tolist() == [0, 1, 2, 3]
     assert contents(sb) == before
     assert torch.equal(sb.full["lens"], torch.zeros(2, dtype=torch.int32))
 
@@ -188,8 +176,7 @@ def test_bound_sources_repr_and_moved_message() -> None:
     )
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_eager_inputs_have_the_buffer_dtypes_shapes_and_padded_cells(kind: str) -> None:
+def test_eager_inputs_have_the_buffer_dtypes_shapes_and_padded_cells() -> None:
     """``refresh/eager.py`` ``build_eager`` (mutmut ``x_build_eager__mutmut_10``/``_14``/``_20``/``_23``/
     ``_36``: the image's dtype, its 2-D shape, the width and column mark of the write, the bfloat16 view):
     each eager tensor is the buffer at the eager size, equal to the oracle."""
@@ -204,8 +191,7 @@ def test_eager_inputs_have_the_buffer_dtypes_shapes_and_padded_cells(kind: str) 
     bt = np.arange(15, dtype=np.int32).reshape(5, 3)
     w = np.arange(10, dtype=np.int8).reshape(5, 2)
     qsl = np.arange(6, dtype=np.int64)
-    with path(kind, sb):
-        out = sb.eager_inputs(7, {"bt": bt, "w": w, "qsl": qsl}, num_reqs=5)
+    out = sb.eager_inputs(7, {"bt": bt, "w": w, "qsl": qsl}, num_reqs=5)
     want = {
         "bt": expected_buffer((7, 4), bt, end=0, pad=-1, repeat_last=False, dtype=torch.int32),
         "w": expected_buffer((7, 2), w, end=0, pad=0.5, repeat_last=False, dtype=torch.bfloat16),
@@ -216,8 +202,7 @@ def test_eager_inputs_have_the_buffer_dtypes_shapes_and_padded_cells(kind: str) 
         assert torch.equal(out[name], t), (name, out[name], t)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_rows_past_the_table_and_fixed_rows_on_the_checked_path(kind: str) -> None:
+def test_rows_past_the_table_and_fixed_rows_on_the_checked_path() -> None:
     """``Layout.rows_at`` (mutmut ``rows_at__mutmut_4``/``_6``/``_7``: a fixed-rows buffer's rows are its
     capacity at the size, read on the bound checked path; ``rows_at__mutmut_11``: past the table a
     ``tokens`` rule is evaluated with ``tokens``) and ``Layout.capacity`` at an eager size
@@ -232,10 +217,9 @@ def test_rows_past_the_table_and_fixed_rows_on_the_checked_path(kind: str) -> No
     fixed = np.array([4, 5, 6, 9], np.int32)
     f = np.ones((10, 3), np.float32)
     bound = sb.bind({"slots": slots, "fixed": fixed, "f": f})  # a float source: every refresh is checked
-    with path(kind, sb):
-        bound.refresh(2, 1, widths={"f": 2})
-        assert sb.full["fixed"].tolist() == [4, 5, 6] and sb.full["slots"].tolist() == [0, 1]
-        out = sb.eager_inputs(8, bound, num_reqs=4, widths={"f": 1})
+    bound.refresh(2, 1, widths={"f": 2})
+    assert sb.full["fixed"].tolist() == [4, 5, 6] and sb.full["slots"].tolist() == [0, 1]
+    out = sb.eager_inputs(8, bound, num_reqs=4, widths={"f": 1})
     assert out["slots"].tolist() == list(range(8))
     assert out["fixed"].tolist() == [4, 5, 6]
     assert out["f"].tolist() == [[1.0, 0.0]] * 4

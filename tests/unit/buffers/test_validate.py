@@ -6,31 +6,29 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from pins import buffers, contents, numpy_path, path
+from pins import buffers, contents
 
 from graphbuf import RefreshError
 
 BIG = 40  # elements per source: more than a short row
 
 
-def test_negative_int8_into_unsigned_shortcut_is_rejected_on_the_numpy_path() -> None:
-    """A negative int8 value into a buffer of ``min`` 0, ``max`` 300 (above int8's max) is named on the numpy
-    path (an unsigned-view shortcut, since removed, could read -1 as 255, below the max)."""
+def test_negative_int8_into_unsigned_shortcut_is_rejected() -> None:
+    """A negative int8 value into a buffer of ``min`` 0, ``max`` 300 (above int8's max) is named on both
+    backends (an unsigned-view shortcut, since removed, could read -1 as 255, below the max)."""
     sb = buffers({"x": {"dtype": "int32", "rows": "tokens", "min": 0, "max": 300}}, sizes=[64])
     src = np.arange(BIG, dtype=np.int8)
     src[7] = -1
     before = contents(sb)
-    with numpy_path(sb), pytest.raises(RefreshError, match=r"value -1 at index \[7\] is below min 0"):
+    with pytest.raises(RefreshError, match=r"value -1 at index \[7\] is below min 0"):
         sb.refresh(64, {"x": src})
     assert contents(sb) == before
     src[7] = 100  # without the -1 the same source is accepted
-    with numpy_path(sb):
-        sb.refresh(64, {"x": src})
+    sb.refresh(64, {"x": src})
     assert sb.full["x"][:BIG].tolist() == src.tolist()
 
 
-@pytest.mark.parametrize("kind", ["numpy", "kernel"])
-def test_bounds_error_names_the_first_offending_index(kind: str) -> None:
+def test_bounds_error_names_the_first_offending_index() -> None:
     """validate.py:350 (min) and :354 (max) ``np.argwhere(...)[0]``: the message names the FIRST index holding
     the extreme value, not the last (mutant ``[-1]``/``[1]``)."""
     sb = buffers({"x": {"dtype": "int32", "rows": "tokens", "min": 0, "max": 50}}, sizes=[64])
@@ -38,31 +36,24 @@ def test_bounds_error_names_the_first_offending_index(kind: str) -> None:
     low[[3, 9, 30]] = -4
     high = np.full(BIG, 5, dtype=np.int32)
     high[[4, 11, 31]] = 90
-    with path(kind, sb):
-        with pytest.raises(RefreshError, match=r"value -4 at index \[3\] is below min 0 \(min: 0\)"):
-            sb.refresh(64, {"x": low})
-        with pytest.raises(RefreshError, match=r"value 90 at index \[4\] is above max 50 \(max: 50\)"):
-            sb.refresh(64, {"x": high})
+    with pytest.raises(RefreshError, match=r"value -4 at index \[3\] is below min 0 \(min: 0\)"):
+        sb.refresh(64, {"x": low})
+    with pytest.raises(RefreshError, match=r"value 90 at index \[4\] is above max 50 \(max: 50\)"):
+        sb.refresh(64, {"x": high})
 
 
-@pytest.mark.parametrize("kind", ["numpy", "kernel"])
-def test_rows_that_match_no_request_count_are_named(kind: str) -> None:
+def test_rows_that_match_no_request_count_are_named() -> None:
     """validate.py:396: "rows match no live request count" (any mutant of that raise, or of the ``found is
     None`` test, goes unseen without this): 3 rows of a ``tokens`` buffer at 2 tokens per request."""
     sb = buffers({"slots": {"dtype": "int64", "rows": "tokens", "pad": -1}}, sizes=[4, 8], tpr=2)
     before = contents(sb)
-    with (
-        path(kind, sb),
-        pytest.raises(
-            RefreshError,
-            match=r"^refresh\(size=8\): buffer 'slots': 3 rows match no live request count "
-            r"\(rows = tokens\)$",
-        ),
+    with pytest.raises(
+        RefreshError,
+        match=r"^refresh\(size=8\): buffer 'slots': 3 rows match no live request count \(rows = tokens\)$",
     ):
         sb.refresh(8, {"slots": np.arange(3, dtype=np.int64)})
     assert contents(sb) == before
-    with path(kind, sb):
-        assert sb.refresh(8, {"slots": np.arange(4, dtype=np.int64)}) == 2  # 4 rows: 2 requests
+    assert sb.refresh(8, {"slots": np.arange(4, dtype=np.int64)}) == 2  # 4 rows: 2 requests
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -114,6 +105,5 @@ def test_values_past_the_live_width_are_not_checked() -> None:
     src = np.ones((4, 6), np.int32)
     src[:, 5] = 1000  # stale, past the live width
     bound = sb.bind({"bt": src})
-    with numpy_path(sb):
-        bound.refresh(4, 4, widths={"bt": 3})
+    bound.refresh(4, 4, widths={"bt": 3})
     assert sb.full["bt"].tolist() == [[1, 1, 1, 0]] * 4
