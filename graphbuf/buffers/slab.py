@@ -1,11 +1,4 @@
-"""StaticBuffers: one slab per device holding every captured buffer at a fixed address, forever.
-
-Invariants:
-  * the slab is allocated once, in ``__init__``; nothing is ever reallocated or rebound;
-  * ``view(size)`` returns views into the slab; views of one buffer at different sizes start at the same
-    address, so a graph captured at any size keeps reading the bytes ``refresh`` writes;
-  * ``refresh`` validates every source before writing any byte (see :mod:`graphbuf.buffers`).
-"""
+"""StaticBuffers: one slab per device holding every captured buffer at a fixed address, forever."""
 
 from __future__ import annotations
 
@@ -109,21 +102,13 @@ class StaticBuffers:
             ) from None
         full: dict[str, torch.Tensor] = {}
         for b in self.plan.buffers:
-            typed = self.slab[b.offset : b.offset + b.nbytes].view(b.dtype)
-            t = typed.view(b.shape)
-            pad = 0 if b.pad == "repeat_last" else b.pad
-            t.fill_(poison_value(b.dtype) if poison else pad)
-            full[b.name] = t
+            pad = poison_value(b.dtype) if poison else 0 if b.pad == "repeat_last" else b.pad
+            full[b.name] = self.slab[b.offset : b.offset + b.nbytes].view(b.dtype).view(b.shape).fill_(pad)
         self._full = MappingProxyType(full)
+        p = self.plan
         self._views: dict[int, Mapping[str, torch.Tensor]] = {}
-        for s in self.plan.capture_sizes:
-            views = {}
-            for b in self.plan.buffers:
-                shape = self.plan.shape_at(b, s)
-                t = full[b.name][: shape[0]]
-                if len(shape) == 2 and shape[1] != b.shape[1]:
-                    t = t[:, : shape[1]]
-                views[b.name] = t
+        for s in p.capture_sizes:  # each buffer's leading rows (and columns) at s
+            views = {b.name: full[b.name][tuple(map(slice, p.shape_at(b, s)))] for b in p.buffers}
             self._views[s] = MappingProxyType(views)
         # The backend, chosen here once (graphbuf.buffers.backend): nothing else decides.
         self.layout = Layout(self.plan, chosen())
@@ -167,18 +152,19 @@ class StaticBuffers:
         return self.upload_copies
 
     def view(self, size: int) -> Mapping[str, torch.Tensor]:
-        """Name → the rows a graph of ``size`` tokens captures, as views into the slab."""
-        views = self._views.get(size) if type(size) is int else None
-        if views is None:
-            raise self.layout.size_error("view", size)
-        return views
+        """Name → the rows a graph of ``size`` tokens captures, as views into the slab (a buffer's views at
+        every size start at the same address)."""
+        return self._at("view", size)
 
     def addresses(self, size: int) -> tuple[int, ...]:
         """Data pointers of ``view(size)`` in :attr:`names` order: what a graph of ``size`` baked in."""
+        return tuple(t.data_ptr() for t in self._at("addresses", size).values())
+
+    def _at(self, op: str, size: Any) -> Mapping[str, torch.Tensor]:
         views = self._views.get(size) if type(size) is int else None
         if views is None:
-            raise self.layout.size_error("addresses", size)
-        return tuple(t.data_ptr() for t in views.values())
+            raise self.layout.size_error(op, size)
+        return views
 
     def refresh(
         self,
@@ -221,9 +207,8 @@ class StaticBuffers:
         self, size: int, label: str, sources: Any, num_reqs: Any, widths: Any, strict: bool | None
     ) -> int:
         """Prepare (every check of the full sources), then commit (the staged checks, then every write)."""
-        writes = self._staged
-        prepared, live = self._prepare(label, size, sources, num_reqs, widths, strict, writes.required)
-        writes.commit(prepared, size, live, label)
+        prepared, live = self._prepare(label, size, sources, num_reqs, widths, strict, self._staged.required)
+        self._staged.commit(prepared, size, live, label)
         return live
 
     def eager_inputs(
@@ -252,7 +237,7 @@ class StaticBuffers:
                 left_out = staged.difference(sources)
                 if left_out:
                     sources = {**sources, **self._staged.host_sources(sorted(left_out), n, reqs)}
-            prepared, _ = self._prepare(label, n, sources, num_reqs, widths, None)
+            prepared, _ = self._prepare(label, n, sources, num_reqs, widths, None, None)
             out = build_eager(self.layout, prepared, n, self.device)
             largest = self._views[self.capture_sizes[-1]]
             return {name: out[name] if name in out else largest[name] for name in self.names}
@@ -281,14 +266,7 @@ class StaticBuffers:
         return n
 
     def _prepare(
-        self,
-        label: str,
-        size: int,
-        sources: Any,
-        num_reqs: Any,
-        widths: Any,
-        strict: bool | None,
-        required: frozenset[str] | None = None,
+        self, label: str, size: int, sources: Any, num_reqs: Any, widths: Any, strict: Any, required: Any
     ) -> tuple[list[Prepared], int]:
         strict = self.strict if strict is None else strict
         sources = read_call(self, sources, num_reqs, widths, label)  # a plain dict, or BoundSources
@@ -312,11 +290,8 @@ class StaticBuffers:
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
         """Bind persistent host ``sources`` once; refresh them with ``refresh(size, bound, num_reqs=n)``
-        (see :mod:`graphbuf.buffers.bound`).
-
-        Each bound source must keep its address and shape for as long as it is bound; every buffer not
-        declared ``keep: true`` must be bound.
-        """
+        (see :mod:`graphbuf.buffers.bound`). Each bound source must keep its address and shape for as long
+        as it is bound; every buffer not declared ``keep: true`` must be bound."""
         with self._guard.hold("bind()"):
             return BoundSources(self, self.layout, sources)
 
