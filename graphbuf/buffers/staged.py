@@ -51,15 +51,9 @@ def _expand(runs: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
             return _EMPTY
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
     runs = np.asarray(runs, dtype=np.int64)
-    starts, lengths = runs[:, 0], runs[:, 1] - runs[:, 0]
-    keep = lengths > 0
-    if not keep.all():
-        starts, lengths = starts[keep], lengths[keep]
-    total = int(lengths.sum())
-    if not total:
-        return _EMPTY
+    starts, lengths = runs[:, 0], runs[:, 1] - runs[:, 0]  # an empty run repeats nothing
     ends = np.cumsum(lengths)
-    return np.repeat(starts - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)
+    return np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]), dtype=np.int64)
 
 
 def _is_int(x: Any) -> bool:
@@ -112,11 +106,7 @@ class _Checks:
             if col != 0 or isinstance(col, bool):
                 raise WidthError(f"set(): buffer {self.name!r}: 1-D buffer; col must be 0, got {col!r}")
             r = self._row(row, "set")
-            if r + k > self.rows:
-                raise RowsError(
-                    f"set(): buffer {self.name!r}: rows {r}..{r + k - 1} reach outside the captured "
-                    f"allocation of {self.rows} rows"
-                )
+            self._run("set", r, k, self.rows, "rows", RowsError)
             return r, arr, 0
         if op == "append":
             if self.lens is None:
@@ -150,7 +140,7 @@ class _Checks:
             )
         if not r.shape[0]:
             return None, None, None
-        self._within(lo, hi, self.rows, "row", RowsError)
+        self._within("scatter", lo, hi, self.rows, "row", RowsError)
         if not self.wide:
             if cols is not None:
                 raise WidthError(f"scatter(): buffer {self.name!r} is 1-D; cols must be None")
@@ -160,14 +150,28 @@ class _Checks:
         c, clo, chi = self._indices(cols, "cols", WidthError)
         if c.shape[0] != r.shape[0]:
             raise RefreshError(f"scatter(): buffer {self.name!r}: {r.shape[0]} rows but {c.shape[0]} cols")
-        self._within(clo, chi, self.width, "column", WidthError)
+        self._within("scatter", clo, chi, self.width, "column", WidthError)
         return r.astype(np.int64), arr, c.astype(np.int64)
 
-    def _within(self, lo: int, hi: int, limit: int, what: str, err: type[RefreshError]) -> None:
+    def _int(self, op: str, x: Any, what: str, err: type[RefreshError]) -> int:
+        if not _is_int(x):
+            raise err(f"{op}(): buffer {self.name!r}: {what} {x!r} is not an integer")
+        return int(x)
+
+    def _within(self, op: str, lo: int, hi: int, limit: int, what: str, err: type[RefreshError]) -> None:
+        """Indices ``lo``..``hi`` (a row or column each) lie inside the allocation's ``limit``."""
         if lo < 0 or hi >= limit:
             raise err(
-                f"scatter(): buffer {self.name!r}: {what} {lo if lo < 0 else hi} outside the captured "
+                f"{op}(): buffer {self.name!r}: {what} {lo if lo < 0 else hi} outside the captured "
                 f"allocation of {limit} {what}s"
+            )
+
+    def _run(self, op: str, start: int, k: int, limit: int, what: str, err: type[RefreshError]) -> None:
+        """The run of ``k`` rows or columns from ``start`` lies inside the allocation's ``limit``."""
+        if start < 0 or start + k > limit:
+            raise err(
+                f"{op}(): buffer {self.name!r}: {what} {start}..{start + k - 1} reach outside the captured "
+                f"allocation of {limit} {what}"
             )
 
     def _indices(self, x: Any, what: str, err: type[RefreshError]) -> tuple[np.ndarray, int, int]:
@@ -182,45 +186,31 @@ class _Checks:
                 raise err(f"scatter(): buffer {self.name!r}: {what} of dtype {x.dtype}; allowed: integers")
             flat = np.array(x, order="C").reshape(-1)  # a copy: the caller may reuse its array
             return (flat, int(flat.min()), int(flat.max())) if flat.size else (flat, 0, -1)
+        if _is_int(x):
+            x, tp = [x], list
         if tp is list or tp is tuple:
             for i, v in enumerate(x):
                 if not _is_int(v):
                     raise err(f"scatter(): buffer {self.name!r}: {what}[{i}] = {v!r} is not an integer")
             ints = [int(v) for v in x]
-            if not ints:
-                return np.zeros(0, dtype=np.int64), 0, -1
-            lo, hi = min(ints), max(ints)
+            lo, hi = (min(ints), max(ints)) if ints else (0, -1)
             if lo < -(2**63) or hi >= 2**63:  # outside int64: no array holds them; the range check names them
-                return np.zeros(len(ints), dtype=np.int64), lo, hi
+                ints = [0] * len(ints)
             return np.array(ints, dtype=np.int64), lo, hi
-        if _is_int(x):
-            v = int(x)
-            return np.array([v if -(2**63) <= v < 2**63 else 0], dtype=np.int64), v, v
         raise err(
             f"scatter(): buffer {self.name!r}: {what} of type {type(x).__name__}; allowed: a list or array "
             "of integers, or one int"
         )
 
     def _row(self, row: Any, op: str) -> int:
-        if not _is_int(row):
-            raise RowsError(f"{op}(): buffer {self.name!r}: row {row!r} is not an integer")
-        row = int(row)
-        if not 0 <= row < self.rows:
-            raise RowsError(
-                f"{op}(): buffer {self.name!r}: row {row} outside the captured allocation of {self.rows} rows"
-            )
-        return row
+        r = self._int(op, row, "row", RowsError)
+        self._within(op, r, r, self.rows, "row", RowsError)
+        return r
 
     def _col(self, col: Any, k: int, op: str) -> int:
-        if not _is_int(col):
-            raise WidthError(f"{op}(): buffer {self.name!r}: column {col!r} is not an integer")
-        col = int(col)
-        if col < 0 or col + k > self.width:
-            raise WidthError(
-                f"{op}(): buffer {self.name!r}: columns {col}..{col + k - 1} reach outside the captured "
-                f"allocation of {self.width} columns"
-            )
-        return col
+        c = self._int(op, col, "column", WidthError)
+        self._run(op, c, k, self.width, "columns", WidthError)
+        return c
 
     def _values(self, values: Any, op: str) -> np.ndarray:
         """``values`` as a fresh contiguous 1-D array of the buffer's dtype, by a refresh's value rule."""
