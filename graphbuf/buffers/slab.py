@@ -203,9 +203,7 @@ class StaticBuffers:
         finally:
             guard.release()
 
-    def _refresh(
-        self, size: int, label: str, sources: Any, num_reqs: Any, widths: Any, strict: bool | None
-    ) -> int:
+    def _refresh(self, size: int, label: str, sources: Any, num_reqs: Any, widths: Any, strict: Any) -> int:
         """Prepare (every check of the full sources), then commit (the staged checks, then every write)."""
         prepared, live = self._prepare(label, size, sources, num_reqs, widths, strict, self._staged.required)
         self._staged.commit(prepared, size, live, label)
