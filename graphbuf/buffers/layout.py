@@ -60,10 +60,7 @@ class ResolvedBuffer:
     ndim: int
     itemsize: int  # bytes per element
     bounded: bool  # min or max declared
-
-    @property
-    def name(self) -> str:
-        return self.plan.name
+    name: str  # the plan's name (a field: the hot paths read it per source)
 
 
 class Layout:
@@ -100,7 +97,7 @@ class Layout:
             fast = frozenset(d for d in NP_OF_TORCH.values() if np.can_cast(d, np_dtype, "safe"))
         return ResolvedBuffer(
             b, index, np_dtype, bf16, kind, pad, repeat_last, capacity, rows_of_requests, requests_of_rows,
-            b.min, b.max, fast, b.ndim, np_dtype.itemsize, b.min is not None or b.max is not None,
+            b.min, b.max, fast, b.ndim, np_dtype.itemsize, b.min is not None or b.max is not None, b.name,
         )  # fmt: skip
 
     def capacity(self, slot: ResolvedBuffer, size: int) -> tuple[int, int]:
