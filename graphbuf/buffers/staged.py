@@ -511,8 +511,7 @@ class StagedWrites:
                 continue
             m = self._checks[name]
             slot, w = m.slot, m.width
-            table = slot.rows_of_requests
-            live = table[n] if table is not None and n < len(table) else layout.rows_at(slot, size, n)
+            live = layout.rows_at(slot, size, n)
             shown, cols = self._commit.mark(slot.index)  # rows [:shown] hold host[:shown]; the rest pad
             if not h.pending and live == shown:
                 continue
