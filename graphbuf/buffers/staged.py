@@ -10,11 +10,7 @@ must be cleared are checked (a full refresh's rules and messages) and written, a
 (:meth:`graphbuf.buffers.commit.Committer.apply`); a commit that raises writes nothing and its writes stay
 staged. A buffer given whole takes that source as its host state; giving it whole with uncommitted writes is
 an error. ``repeat_last``, ``bfloat16`` and buffers whose width differs between capture sizes are refreshed
-whole.
-
-The host state is the backend's: the C ``_native.Staged`` (registered as a :class:`StagedBuffer`; arguments
-it does not take as they are go through :class:`_Checks` first) or :class:`StagedBuffer` in numpy, with the
-same bytes and errors.
+whole. The host state is the backend's (:class:`StagedBuffer`).
 """
 
 from __future__ import annotations
