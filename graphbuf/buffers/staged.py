@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,9 +27,6 @@ from graphbuf.buffers.layout import Layout, ResolvedBuffer
 from graphbuf.buffers.validate import Prepared, check_row, check_values
 from graphbuf.errors import RefreshError, RowsError, WidthError
 from graphbuf.exclusive import Exclusive
-
-if TYPE_CHECKING:
-    from graphbuf.buffers.backend import Backend
 
 __all__ = ["StagedBuffer", "StagedWrites"]
 
@@ -525,7 +522,8 @@ class StagedWrites:
                     ent = _expand(np.stack((r * w, r * w + m.lens[shown:live]), axis=1)) if m.wide else r
                     idx = np.concatenate((idx, ent)) if idx.size else ent
             vals = m.flat[idx]
-            if vals.size and (slot.bounded or slot.kind == "f") and not _fits(layout.backend, slot, vals):
+            fits = layout.backend.fits
+            if vals.size and (slot.bounded or slot.kind == "f") and not fits(slot, vals, vals.size, 0):
                 check_values(layout, slot, m.state[:live], name, label)  # raises: a full refresh's message
             colmark = h.colmax if m.wide and live else 0
             cells.append(Cells(slot, idx, vals, live, max(shown, live), cols, colmark))
@@ -551,12 +549,3 @@ class StagedWrites:
             m.state[:n] = src[:n]
         h.top = n
         h.clear()
-
-
-def _fits(backend: Backend, slot: ResolvedBuffer, vals: np.ndarray) -> bool:
-    """The staged values lie within ``min``/``max`` (and hold no NaN): one pass, kernel or numpy."""
-    if slot.kind == "f":
-        if np.isnan(vals).any():
-            return False
-        return (slot.lo is None or vals.min() >= slot.lo) and (slot.hi is None or vals.max() <= slot.hi)
-    return backend.fits(slot, vals, vals.shape[0], 0)
