@@ -228,26 +228,26 @@ class Committer:
         if self._events[k] is not None:
             self._events[k].synchronize()  # the upload that last read this upload copy has finished
         if self._packer is not None:
-            moved = self._write_packed(k, sources, size, native, n)
-            if moved < 0:
-                return False
+            moved, extra = self._write_packed(k, sources, size, native, n)
         else:
             touched = self._rectangles(sources, size) if self.uploads else None
             moved = self.layout.backend.write(
                 self._targets[k], sources, self._ends[size], self._pads, self._rows, self._cols, self._slab
             )
-            self._refreshes += 1
-            self._last = moved
-            self._total += moved
             if touched is not None:
                 self._copy(k, touched)
-            moved = 0
+            extra = 0
             if native is not None:  # in place: C writes the cells its check passed
                 cores, targets, _ = native
                 kernel: Any = self._staged_kernel
-                moved = kernel.commit(cores, n, self._rows, self._cols, targets, True)
-        self._last += moved
+                extra = kernel.commit(cores, n, self._rows, self._cols, targets, True)
+        self._refreshes += 1
+        self._last = moved
         self._total += moved
+        if extra < 0:
+            return False
+        self._last += extra
+        self._total += extra
         if cells:
             self.write_cells(cells)
         return True
@@ -327,20 +327,19 @@ class Committer:
         self._fence(k)
         return moved
 
-    def _write_packed(self, k: int, prepared: Sequence[Prepared], size: int, native: Any, n: int) -> int:
+    def _write_packed(
+        self, k: int, prepared: Sequence[Prepared], size: int, native: Any, n: int
+    ) -> tuple[int, int]:
         """:meth:`apply`'s write with the packer: the sources into upload copy ``k``; the rectangles they
         touched (the backend's ``write_words`` gives them with the write) and the staged cells in one packed
         upload placed by :meth:`_Arena.place`; the rest as :meth:`_copy` does. ``native``, ``n``: as
-        :meth:`apply` takes them. Returns the staged bytes (-1: not packed)."""
+        :meth:`apply` takes them. Returns the sources' bytes and the staged bytes (-1: not packed)."""
         rows, cols = self._rows, self._cols
         moved, rects, rect_words, rest = self.layout.backend.write_words(
             self._targets[k], prepared, self._ends[size], self._pads, rows, cols, self._words_of, _PACK_WORDS
         )
         if rest:
             rest = [(self._own(p), end, r, c) for p, end, r, c in rest]
-        self._refreshes += 1
-        self._last = moved
-        self._total += moved
         cores, _, bases = native or _NO_CELLS
         arena = self._arenas[k] or self._arena(k, 0)
         got = self._packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)  # type: ignore[union-attr]
@@ -355,7 +354,7 @@ class Committer:
             self._copy(k, rest)
         else:
             self._fence(k)
-        return -1 if unread else 4 * (pairs + run_words - rect_words) if native else 0
+        return moved, -1 if unread else 4 * (pairs + run_words - rect_words) if native else 0
 
     def _pack_again(
         self, k: int, got: Any, rects: list[Any], native: Any, n: int

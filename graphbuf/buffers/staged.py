@@ -490,6 +490,7 @@ class StagedWrites:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
         writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error."""
         handles, layout = self._handles, self.layout
+        fits = layout.backend.fits
         given = {p.slot.name for p in prepared}
         for name in given.intersection(handles):
             if handles[name].pending:
@@ -522,7 +523,6 @@ class StagedWrites:
                     ent = _expand(np.stack((r * w, r * w + m.lens[shown:live]), axis=1)) if m.wide else r
                     idx = np.concatenate((idx, ent)) if idx.size else ent
             vals = m.flat[idx]
-            fits = layout.backend.fits
             if vals.size and (slot.bounded or slot.kind == "f") and not fits(slot, vals, vals.size, 0):
                 check_values(layout, slot, m.state[:live], name, label)  # raises: a full refresh's message
             colmark = h.colmax if m.wide and live else 0
