@@ -75,8 +75,9 @@ def _copy_root(root: Path) -> Path:
 
 
 def _normalized(text: str) -> list[str]:
-    """Lines with every decimal figure (timings, refresh µs) as ``#``: what a rerun may change."""
-    return [re.sub(r"\d+\.\d+", "#", line).rstrip() for line in text.strip().splitlines()]
+    """Lines with every decimal figure (timings, refresh µs) and the padding that right-aligns it as `` #``:
+    what a rerun may change (a refresh of 112.0 µs is one column wider than one of 62.1)."""
+    return [re.sub(r" *\d+\.\d+", " #", line).rstrip() for line in text.strip().splitlines()]
 
 
 def test_planted_drill_transcript_is_what_its_commands_print(tmp_path: Path) -> None:
