@@ -1,4 +1,4 @@
-"""Staging and commit: the only code that writes buffer memory, and the only device code of a refresh.
+"""The only code that writes buffer memory, and the only device code of a refresh.
 
 Per buffer a high-water mark (rows, cols) bounds the cells that may differ from the pad: rows at and past
 ``rows`` and columns at and past ``cols`` hold the pad in every row. A write of ``n`` live rows × ``w`` live
@@ -6,15 +6,12 @@ columns touches the rectangle ``[:max(n, end, rows), :max(w, cols)]`` of that bu
 last padded row a ``repeat_last`` buffer fills at this capture size; 0 when no live row is there to repeat),
 so a refresh costs O(live rows × live width + the cells earlier refreshes dirtied), never O(capacity).
 
-:meth:`Committer.apply` writes one refresh's plan: the full sources (through the buffers' backend), then
-the staged cells. On the cpu they are written into the slab in place. Uploaded (every accelerator; a cpu
-slab on request) the sources are written into one of ``depth`` host upload copies; with the native packer
-every rectangle of 4-byte elements up to :data:`PACK_MAX` bytes and the staged cells go into one arena as
-slab word indices and words, uploaded in one copy and placed by one ``scatter_`` of the slab as int32
-words; larger rectangles and narrower elements are uploaded one copy each, device-resident sources copied
-on the device last, and staged cells without the packer scattered once per element size. An event after
-the uploads fences each upload copy and its arenas, so ``depth`` must be at least the number of refreshes
-in flight.
+:meth:`Committer.apply` writes one refresh: the full sources, then the staged cells. On the cpu they go into
+the slab in place. Uploaded (every accelerator; a cpu slab on request) they go into one of ``depth`` host
+upload copies; with the native packer every rectangle of 4-byte elements up to :data:`PACK_MAX` bytes and the
+staged cells travel in one packed upload placed by one ``scatter_`` of the slab's int32 words, anything
+else in one copy each, device-resident sources copied on the device last. An event after the uploads fences
+each upload copy, so ``depth`` must be at least the number of refreshes in flight.
 """
 
 from __future__ import annotations
@@ -132,21 +129,20 @@ class Committer:
         # High-water marks by slot index: the pad fill leaves every buffer clean (poison: all dirty).
         self._rows = [sh[0] if dirty else 0 for sh in shapes]
         self._cols = [(sh[1] if len(sh) > 1 else 0) if dirty else 0 for sh in shapes]
-        if not self.uploads:
-            self._targets = [[_np_view(t, s) for t, s in zip(self._full, layout.order)]]
-            self._copy_views: list[tuple[torch.Tensor, ...]] = []
-        else:
-            pin = slab.device.type != "cpu"  # pinned host memory is what makes an upload asynchronous
-            images = [torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=pin) for _ in range(copies)]
+        self._pin = slab.device.type != "cpu"  # pinned host memory is what makes an upload asynchronous
+        self._copy_views: list[tuple[torch.Tensor, ...]] = []
+        views = [self._full]
+        if self.uploads:
+            images = [
+                torch.empty(slab.numel(), dtype=torch.uint8, pin_memory=self._pin) for _ in range(copies)
+            ]
             self._images = [img.numpy() for img in images]
-            self._copy_views = [
+            self._copy_views = views = [
                 tuple(img[s.plan.offset : s.plan.offset + s.plan.nbytes].view(t.dtype).view(t.shape)
                       for t, s in zip(self._full, layout.order))
                 for img in images
             ]  # fmt: skip
-            self._targets = [
-                [_np_view(t, s) for t, s in zip(views, layout.order)] for views in self._copy_views
-            ]
+        self._targets = [[_np_view(t, s) for t, s in zip(v, layout.order)] for v in views]
         # What the native write takes besides the targets: pad bytes by slot index, and per capture size
         # the last row a repeat_last buffer fills (0 for the others).
         self._pads = tuple(s.pad.tobytes() for s in layout.order)
@@ -157,27 +153,22 @@ class Committer:
         # Sources may be views of the slab itself; each is read before any buffer it lies in is written.
         self._slab = slab.numpy() if not self.uploads else None  # in place: host sources
         self._slab_storage = slab.untyped_storage().data_ptr()  # uploaded: device sources
+        self._slab_t = slab
         self._events: list[Any] = [None] * len(self._targets)
-        # Uploaded, with the native packer: one arena per upload copy (behind the same event), holding
-        # the refresh's writes as slab word indices and words for one upload and one indexed write.
-        self._packer = layout.backend.packer if self.uploads else None
         self._staged_kernel = layout.backend.staged  # writes the cells a C staged check passed (in place)
-        # Per slot, how its rectangles pack as 4-byte words: (word start, words per column, row stride in
-        # words), or None for elements narrower than 4 bytes or a buffer not 4-byte aligned.
+        # Uploaded with the native packer: per upload copy an arena (behind the same event) for the packed
+        # upload, and per slot how its rectangles pack as 4-byte words: (word start, words per column, row
+        # stride in words), or None (narrower elements, a buffer not 4-byte aligned, no packer).
+        self._packer = layout.backend.packer if self.uploads else None
+        self._arenas: list[_Arena | None] = [None] * len(self._targets)
+        self._words = slab[: slab.numel() // 4 * 4].view(torch.int32)
         self._words_of = tuple(
             (s.plan.offset // 4, s.itemsize // 4, (s.plan.shape[1] if s.ndim == 2 else 1) * (s.itemsize // 4))
-            if s.itemsize % 4 == 0 and s.plan.offset % 4 == 0
+            if self._packer is not None and s.itemsize % 4 == 0 and s.plan.offset % 4 == 0
             else None
             for s in layout.order
         )
-        self._arenas: list[_Arena | None] = [None] * len(self._targets)
-        # Staged cells without the packer: per turn a byte arena (indices, then values), and per element
-        # size a view of the whole slab they are scattered into.
-        self._cell_arenas: list[torch.Tensor | None] = [None] * len(self._targets)
-        self._slab_of: dict[int, torch.Tensor] = {}
-        self._pin = slab.device.type != "cpu"
-        self._slab_t = slab
-        self._words: torch.Tensor = slab[:0]  # the slab as int32 words (made with the first arena)
+        self._cell_arenas: list[torch.Tensor | None] = [None] * len(self._targets)  # cells not packed
         self._turn = 0
         self._refreshes = 0
         self._last = 0
@@ -218,29 +209,24 @@ class Committer:
         native: tuple[list[Any], list[Any], list[int]] | None = None,
         n: int = 0,
     ) -> bool:
-        """Write one refresh's plan, every value checked (this never raises on a value): the full ``sources``
-        at ``size`` tokens, then the staged cells (a source may view a staged buffer: it is read before that
-        buffer is written): ``cells`` checked in Python, or ``native`` (cores, in-place targets, word bases)
-        checked by the C staged commit at ``n`` live requests, which writes or packs them. False when C could
-        not pack its cells into the upload (none of them written): the caller then writes them with
-        :meth:`write_cells`."""
+        """Write one refresh, every value checked (this never raises on a value): the full ``sources`` at
+        ``size`` tokens, then the staged cells (a source viewing a staged buffer is read before that buffer
+        is written): ``cells`` checked in Python, or ``native`` (cores, in-place targets, word bases) checked
+        by the C staged commit at ``n`` live requests, which writes or packs them. False when C could not
+        pack its cells (none written): the caller then writes them with :meth:`write_cells`."""
         k = self._turn
         if self._events[k] is not None:
             self._events[k].synchronize()  # the upload that last read this upload copy has finished
-        if self._packer is not None:
-            moved, extra = self._write_packed(k, sources, size, native, n)
+        if self.uploads:
+            moved, extra = self._upload(k, sources, size, native, n)
         else:
-            touched = self._rectangles(sources, size) if self.uploads else None
             moved = self.layout.backend.write(
-                self._targets[k], sources, self._ends[size], self._pads, self._rows, self._cols, self._slab
+                self._targets[0], sources, self._ends[size], self._pads, self._rows, self._cols, self._slab
             )
-            if touched is not None:
-                self._copy(k, touched)
             extra = 0
-            if native is not None:  # in place: C writes the cells its check passed
-                cores, targets, _ = native
+            if native is not None:  # C writes the cells its check passed
                 kernel: Any = self._staged_kernel
-                extra = kernel.commit(cores, n, self._rows, self._cols, targets, True)
+                extra = kernel.commit(native[0], n, self._rows, self._cols, native[1], True)
         self._refreshes += 1
         self._last = moved
         self._total += moved
@@ -265,43 +251,26 @@ class Committer:
         moved = 0
         for slot, idx, vals, live, shown, cols, _ in cells:
             t = self._targets[0][slot.index]
-            isz = slot.itemsize
             if vals.size:
                 t.reshape(-1)[idx] = vals
-                moved += vals.size * isz
             if shown > live:
                 (t[live:shown, :cols] if t.ndim == 2 else t[live:shown])[...] = slot.pad
-                moved += (shown - live) * (cols if t.ndim == 2 else 1) * isz
+            moved += (vals.size + max(shown - live, 0) * (cols if t.ndim == 2 else 1)) * slot.itemsize
         return moved
 
     def _upload_cells(self, cells: Sequence[Cells]) -> int:
-        """Every cell, cleared ones included, in one host arena (indices, then values per element size), one
-        upload, then one indexed write of the slab per element size."""
-        groups: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
-        for slot, idx, vals, live, shown, cols, _ in cells:
-            isz = slot.itemsize
-            base = slot.plan.offset // isz
-            ix, vx = groups.setdefault(isz, ([], []))
-            if vals.size:
-                ix.append((np.arange(idx.start, idx.stop) if type(idx) is slice else idx) + base)
-                vx.append(vals.view(_INT_OF_SIZE[isz]))
-            if shown > live:
-                w = slot.plan.shape[1] if slot.ndim == 2 else 1
-                cleared = (
-                    np.arange(live, shown)[:, None] * w + np.arange(cols if slot.ndim == 2 else 1)
-                ).ravel()
-                if cleared.size:
-                    ix.append(cleared + base)
-                    vx.append(np.full(cleared.size, slot.pad, slot.np_dtype).view(_INT_OF_SIZE[isz]))
-        parts = []  # (element size, index offset, count, value offset, indices, values)
-        total = moved = 0
-        for isz, (ix, vx) in groups.items():
-            if ix:
-                i, v = np.concatenate(ix).astype(np.int64, copy=False), np.concatenate(vx)
-                at_v = total + 8 * i.size
-                parts.append((isz, total, i.size, at_v, i, v))
-                total = (at_v + isz * i.size + 7) & ~7
-                moved += isz * i.size
+        """Every cell, cleared ones included, in one host arena (per element size: slab element indices,
+        then values), one upload, then one indexed write of the slab per element size."""
+        groups: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for c in cells:
+            groups.setdefault(c.slot.itemsize, []).append(_cell_writes(c))
+        parts = []  # (element size, index offset, count, value offset)
+        total = 0
+        for isz, pairs in groups.items():
+            count = sum(i.size for i, _ in pairs)
+            if count:
+                parts.append((isz, total, count, total + 8 * count, pairs))
+                total = (total + (8 + isz) * count + 7) & ~7
         if not parts:
             return 0
         k = self._turn
@@ -310,79 +279,51 @@ class Committer:
         arena = self._cell_arenas[k]
         if arena is None or arena.numel() < total:
             arena = self._cell_arenas[k] = torch.empty(
-                max(total, 4096) * 2, dtype=torch.uint8, pin_memory=self._pin
+                2 * max(total, 4096), dtype=torch.uint8, pin_memory=self._pin
             )
         host = arena.numpy()
-        for isz, at_i, n, at_v, i, v in parts:
-            host[at_i : at_i + 8 * n].view(np.int64)[:] = i
-            host[at_v : at_v + isz * n].view(v.dtype)[:] = v
+        for isz, at_i, count, at_v, pairs in parts:
+            np.concatenate([i for i, _ in pairs], out=host[at_i : at_i + 8 * count].view(np.int64))
+            np.concatenate([v for _, v in pairs], out=host[at_v : at_v + isz * count].view(_INT_OF_SIZE[isz]))
         dev = arena[:total].to(self.device, non_blocking=True) if self._pin else arena[:total]
-        for isz, at_i, n, at_v, _, _ in parts:
-            target = self._slab_of.get(isz)
-            if target is None:
-                target = self._slab_of[isz] = self._slab_t[: self._slab_t.numel() // isz * isz].view(
-                    _TORCH_OF_SIZE[isz]
-                )
-            target[dev[at_i : at_i + 8 * n].view(torch.int64)] = dev[at_v : at_v + isz * n].view(target.dtype)
+        for isz, at_i, count, at_v, _ in parts:
+            target = self._slab_t[: self._slab_t.numel() // isz * isz].view(_TORCH_OF_SIZE[isz])
+            target[dev[at_i : at_i + 8 * count].view(torch.int64)] = dev[at_v : at_v + isz * count].view(
+                target.dtype
+            )
         self._fence(k)
-        return moved
+        return sum(isz * count for isz, _, count, _, _ in parts)
 
-    def _write_packed(
+    def _upload(
         self, k: int, prepared: Sequence[Prepared], size: int, native: Any, n: int
     ) -> tuple[int, int]:
-        """:meth:`apply`'s write with the packer: the sources into upload copy ``k``; the rectangles they
-        touched (the backend's ``write_words`` gives them with the write) and the staged cells in one packed
-        upload placed by :meth:`_Arena.place`; the rest as :meth:`_copy` does. ``native``, ``n``: as
-        :meth:`apply` takes them. Returns the sources' bytes and the staged bytes (-1: not packed)."""
+        """:meth:`apply`'s uploaded write: the sources into upload copy ``k``; with the packer, the rectangles
+        they touched (the backend's ``write_words`` gives them with the write) and the staged cells in one
+        packed upload placed by :meth:`_Arena.place`; the rest by :meth:`_copy`. Returns the sources' bytes
+        and the staged bytes (-1: not packed)."""
         rows, cols = self._rows, self._cols
         moved, rects, rect_words, rest = self.layout.backend.write_words(
             self._targets[k], prepared, self._ends[size], self._pads, rows, cols, self._words_of, _PACK_WORDS
         )
-        if rest:
-            rest = [(self._own(p), end, r, c) for p, end, r, c in rest]
-        cores, _, bases = native or _NO_CELLS
-        arena = self._arenas[k] or self._arena(k, 0)
-        got = self._packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)  # type: ignore[union-attr]
-        unread = False
-        if type(got) is not tuple:
-            arena, got, unread = self._pack_again(k, got, rects, native, n)
-        pairs, b, runs = got
-        run_words = sum(w for _, w in runs) if runs else 0
-        if pairs or runs:
-            arena.place(self._words, pairs, b, runs, run_words)
-        if rest:
-            self._copy(k, rest)
-        else:
-            self._fence(k)
-        return moved, -1 if unread else 4 * (pairs + run_words - rect_words) if native else 0
-
-    def _pack_again(
-        self, k: int, got: Any, rects: list[Any], native: Any, n: int
-    ) -> tuple[_Arena, Any, bool]:
-        """:meth:`_write_packed`'s pack once more after it answered ``got``: -words (more than arena ``k``
-        holds) with a larger arena, the same call; None (a staged core it cannot read), the rectangles
-        alone. Returns (arena, pack's answer, whether the staged cores were left unread)."""
-        rows, cols, image = self._rows, self._cols, self._images[k]
-        arena = self._arena(k, -got) if type(got) is int else self._arenas[k]
-        if type(got) is int:
+        staged = 0
+        if self._packer is not None:
             cores, _, bases = native or _NO_CELLS
-            got = self._packer.pack(rects, image, cores, n, rows, cols, bases, arena.host)  # type: ignore[union-attr]
-        if got is None:
-            return arena, self._packer.pack(rects, image, [], 0, rows, cols, [], arena.host), True  # type: ignore[union-attr]
-        return arena, got, False
-
-    def _rectangles(self, prepared: Sequence[Prepared], size: int) -> list[tuple[Prepared, int, int, int]]:
-        """Per source, before its write: (prepared, end, rows, cols) of the rectangle it will touch. A device
-        source in the slab's own storage is cloned first: an upload before its copy could change it."""
-        out = []
-        for p in prepared:
-            slot, _, dev, n, w = p
-            if dev is not None:
-                p = self._own(p)
-            i = slot.index
-            end = self._ends[size][i]
-            out.append((p, end, *rectangle(slot, n, w, end, self._rows[i], self._cols[i])))
-        return out
+            arena = self._arenas[k] or self._arena(k, 0)
+            got = self._packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
+            while type(got) is int:  # -words: more than the arena holds
+                arena = self._arena(k, -got)
+                got = self._packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
+            if got is None:  # a staged core C cannot read: the rectangles alone, the cells left to the caller
+                staged = -1
+                got = self._packer.pack(rects, self._images[k], [], 0, rows, cols, [], arena.host)
+            pairs, b, runs = got
+            run_words = sum(w for _, w in runs) if runs else 0
+            if pairs or runs:
+                arena.place(self._words, pairs, b, runs, run_words)
+            if native and staged == 0:
+                staged = 4 * (pairs + run_words - rect_words)
+        self._copy(k, [(self._own(p), end, r, c) for p, end, r, c in rest])
+        return moved, staged
 
     def _own(self, p: Prepared) -> Prepared:
         """``p`` with its device source cloned when it lies in the slab's own storage: an upload before its
@@ -399,11 +340,9 @@ class Committer:
         if arena is None or arena.cap < words:
             arena = _Arena(max(words, 1 << 12), self._pin, self.device)
             self._arenas[k] = arena
-            if not self._words.numel():
-                self._words = self._slab_t[: self._slab_t.numel() // 4 * 4].view(torch.int32)
         return arena
 
-    def _copy(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> int:
+    def _copy(self, k: int, touched: list[tuple[Prepared, int, int, int]]) -> None:
         """Each rectangle of ``touched`` uploaded on its own, then each device-resident source's live cells
         and repeated rows; the event that fences upload copy ``k``."""
         copy = self._copy_views[k]
@@ -415,7 +354,6 @@ class Committer:
             if dev is not None:
                 place_device_source(dst, slot, dev, n, w, end, c)
         self._fence(k)
-        return 0
 
     def _fence(self, k: int) -> None:
         """The event that fences upload copy ``k`` (none on a cpu slab: its uploads are done when they
@@ -498,6 +436,21 @@ def rectangle(slot: ResolvedBuffer, n: int, w: int, end: int, rows: int, cols: i
     """(rows, cols) of the rectangle a write of ``n`` × ``w`` touches under marks ``rows``/``cols`` (cols 1
     for a 1-D buffer); the native write counts the same."""
     return max(n, end if n else 0, rows), (max(w, cols) if slot.ndim == 2 else 1)
+
+
+def _cell_writes(c: Cells) -> tuple[np.ndarray, np.ndarray]:
+    """A staged buffer's cells as (slab element indices, values as unsigned ints of their size), the rows
+    it clears included."""
+    slot, idx, vals, live, shown, cols, _ = c
+    isz, base = slot.itemsize, slot.plan.offset // slot.itemsize
+    if type(idx) is slice:
+        idx = np.arange(idx.start, idx.stop)
+    if shown > live:
+        w = slot.plan.shape[1] if slot.ndim == 2 else 1
+        cleared = (np.arange(live, shown)[:, None] * w + np.arange(cols if slot.ndim == 2 else 1)).ravel()
+        idx = np.concatenate((idx, cleared))
+        vals = np.concatenate((vals, np.full(cleared.size, slot.pad, slot.np_dtype)))
+    return idx + base, vals.view(_INT_OF_SIZE[isz])
 
 
 def _np_view(t: torch.Tensor, slot: ResolvedBuffer) -> np.ndarray:
