@@ -1,9 +1,7 @@
 """The backend that checks and writes a refresh: numpy (:class:`Backend`, the reference) or the C kernel
-(:class:`NativeBackend`), chosen once by :func:`chosen` when :class:`graphbuf.StaticBuffers` is built.
-
-Both give the same bytes and errors. Each :class:`NativeBackend` method runs its C function and, where that
-declines (a dtype, layout or overlap it does not handle; a value the general path must name), the numpy
-method it overrides: that rule lives there and nowhere else; callers never ask which backend they have.
+(:class:`NativeBackend`), chosen once by :func:`chosen` when :class:`graphbuf.StaticBuffers` is built. Both
+give the same bytes and errors: each native method runs C and, where C declines, the numpy method it
+overrides; callers never ask which backend they have.
 """
 
 from __future__ import annotations
@@ -115,10 +113,11 @@ class Backend:
         words_of: Sequence[tuple[int, int, int] | None],
         limit: int,
     ) -> tuple[Any, ...]:
-        """:meth:`write`, and the rectangles it touched as a packed upload reads them, from the marks before
-        it: those of 4-byte words (``words_of[i]``: word start, words per element, row stride) up to
-        ``limit`` words as (word start, rows, row words, row stride), their words, and the rest (larger
-        ones; a device source's live cells, copied on the device after the placement)."""
+        """:meth:`write` (no source lies in an upload copy), and the rectangles it touched, from the marks
+        before it: those of slots packed as 4-byte words (``words_of[i]``: word start, words per element,
+        row stride) up to ``limit`` words as (word start, rows, row words, row stride), their words, and the
+        rest as (prepared, end, rows, cols) (larger ones; a device source's live cells, copied on the
+        device after the placement)."""
         rects, rest = [], []
         rect_words = 0
         for p in items:
