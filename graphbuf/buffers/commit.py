@@ -367,9 +367,8 @@ class Committer:
 
 class _Arena:
     """A packed upload's memory: host bytes (pinned off the cpu) with room for ``cap`` pairs (a power of two)
-    and ``cap`` run words and, off the cpu, as many device bytes. The packer pads the pairs to a bucket
-    ``b`` (:func:`_buckets`); the views an upload of each bucket uses are made with the arena, none per
-    refresh."""
+    and ``cap`` run words and, off the cpu, as many device bytes. The packer pads the pairs to one of a few
+    buckets ``b`` (``gb_pack``), so the views an upload of each bucket uses are made once per arena."""
 
     def __init__(self, words: int, pin: bool, device: torch.device) -> None:
         self.cap = 1 << max(words - 1, 63).bit_length()
@@ -378,7 +377,7 @@ class _Arena:
         self._dev_t = torch.empty(16 * self.cap, dtype=torch.uint8, device=device) if pin else None
         on = self._dev_t if self._dev_t is not None else self._host_t
         self._w64, self._w32 = on.view(torch.int64), on.view(torch.int32)
-        self._views = {b: self._views_of(b) for b in _buckets(self.cap)}
+        self._views: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def _views_of(self, b: int) -> tuple[torch.Tensor, ...]:
         """Bucket ``b``'s word indices and words (as the placement reads them) and, off the cpu, the host
@@ -393,7 +392,9 @@ class _Arena:
         """Upload what the packer wrote (off the cpu: one copy), then place it in ``words`` (the slab as int32
         words): ``pairs`` (indices, words) padded to ``b`` by one ``scatter_``, each of the ``runs``
         (``run_words`` words in all, from word ``3 b`` of the arena) by one copy."""
-        views = self._views[b]  # every bucket pack pads to (_buckets)
+        views = self._views.get(b)
+        if views is None:
+            views = self._views[b] = self._views_of(b)
         if self._dev_t is not None:
             if runs:
                 end = 12 * b + 4 * run_words
@@ -407,17 +408,6 @@ class _Arena:
             for dst, n in runs:
                 words[dst : dst + n].copy_(self._w32[at : at + n])
                 at += n
-
-
-def _buckets(cap: int) -> list[int]:
-    """The pair counts the packer pads to, up to ``cap``: 0 (no pairs), 64, or the count rounded up to an
-    eighth of the power of two below it (``_staged.c``, ``gb_pack``)."""
-    out = [0, 64]
-    top = 64
-    while top < cap:
-        out += [top + m * (top // 8) for m in range(1, 9) if top + m * (top // 8) <= cap]
-        top *= 2
-    return out
 
 
 def place_device_source(

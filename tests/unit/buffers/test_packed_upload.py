@@ -112,20 +112,34 @@ def test_the_native_write_refuses_a_bad_words_of_before_writing(words_of: Any, e
     assert (targets[0] == 5).all() and rows_of == [0, 0, 0] and cols_of == [0, 0, 0]
 
 
-def test_the_arena_holds_the_views_of_every_bucket_the_packer_pads_to() -> None:
-    """``_buckets(cap)`` is the set of pair counts pack pads to (none is made during a refresh): at every
-    bucket's edges, pack's bucket is the smallest of them that holds the pairs."""
+def _buckets(cap: int) -> list[int]:
+    """The pair counts pack pads to, up to ``cap``: 0, 64, or the count rounded up to an eighth of the
+    power of two below it."""
+    out, top = [0, 64], 64
+    while top < cap:
+        out += [top + m * (top // 8) for m in range(1, 9) if top + m * (top // 8) <= cap]
+        top *= 2
+    return out
+
+
+def test_pack_pads_to_the_smallest_bucket_that_holds_the_pairs() -> None:
+    """At every bucket's edges pack's bucket is the smallest of them that holds the pairs, and one placement
+    of each leaves the words it read."""
     cap = 4096
-    buckets = commit._buckets(cap)
-    assert set(commit._Arena(cap, False, torch.device("cpu"))._views) == set(buckets)
+    buckets = _buckets(cap)
     image = np.arange(2 * cap, dtype=np.int32)
-    arena = np.zeros(16 * cap, dtype=np.uint8)
+    arena = commit._Arena(cap, False, torch.device("cpu"))
+    words = torch.zeros(2 * cap, dtype=torch.int32)
     for k in sorted({b + d for b in buckets for d in (-1, 0, 1) if 1 <= b + d <= cap}):
-        got = STAGED.pack([(0, k, 1, 2)], image, [], 0, [], [], [], arena)  # k one-word spans
+        got = STAGED.pack([(0, k, 1, 2)], image, [], 0, [], [], [], arena.host)  # k one-word spans
         assert isinstance(got, tuple), (k, got)
         pairs, b, runs = got
         assert pairs == k and not runs
         assert b == min(x for x in buckets if x >= k), (k, b)
+        words.zero_()
+        arena.place(words, pairs, b, runs, 0)
+        np.testing.assert_array_equal(words.numpy()[: 2 * k : 2], image[: 2 * k : 2])
+        assert not words.numpy()[1 : 2 * k : 2].any()
 
 
 def test_one_placement_leaves_the_words_the_packer_read() -> None:
