@@ -15,20 +15,9 @@ from graphbuf.planning.planner import BufferPlan, Plan
 
 __all__ = ["NP_OF_TORCH", "Layout", "ResolvedBuffer", "dtype_name", "where"]
 
-NP_OF_TORCH: dict[torch.dtype, np.dtype] = {
-    torch.bool: np.dtype(np.bool_),
-    torch.uint8: np.dtype(np.uint8),
-    torch.int8: np.dtype(np.int8),
-    torch.int16: np.dtype(np.int16),
-    torch.int32: np.dtype(np.int32),
-    torch.int64: np.dtype(np.int64),
-    torch.float16: np.dtype(np.float16),
-    torch.float32: np.dtype(np.float32),
-    torch.float64: np.dtype(np.float64),
-    torch.uint16: np.dtype(np.uint16),
-    torch.uint32: np.dtype(np.uint32),
-    torch.uint64: np.dtype(np.uint64),
-}
+#: The dtypes torch and numpy share, by name.
+_SHARED = "bool uint8 int8 int16 int32 int64 float16 float32 float64 uint16 uint32 uint64"
+NP_OF_TORCH: dict[torch.dtype, np.dtype] = {getattr(torch, n): np.dtype(n) for n in _SHARED.split()}
 
 
 def dtype_name(dtype: Any) -> str:
@@ -87,14 +76,11 @@ class Layout:
         if b.rows.names & {"tokens", "requests"}:
             largest = p.capture_sizes[-1] // p.tokens_per_request
             rows_of_requests = tuple(self._rows(b, r) for r in range(largest + 1))
-            requests_of_rows = {}
-            for r, n in enumerate(rows_of_requests):
-                requests_of_rows.setdefault(n, r)
+            requests_of_rows = {n: r for r, n in reversed(list(enumerate(rows_of_requests)))}  # the fewest
         repeat_last = b.pad == "repeat_last"
         pad = host_value(0 if repeat_last else b.pad, b.dtype, np_dtype)
-        fast: frozenset[np.dtype] = frozenset()
-        if kind != "f":  # float sources take the general path: it looks for NaN
-            fast = frozenset(d for d in NP_OF_TORCH.values() if np.can_cast(d, np_dtype, "safe"))
+        # float sources take the general path: it looks for NaN
+        fast = frozenset(d for d in NP_OF_TORCH.values() if kind != "f" and np.can_cast(d, np_dtype, "safe"))
         return ResolvedBuffer(
             b, index, np_dtype, bf16, kind, pad, repeat_last, capacity, rows_of_requests, requests_of_rows,
             b.min, b.max, fast, b.ndim, np_dtype.itemsize, b.min is not None or b.max is not None, b.name,

@@ -1,11 +1,10 @@
-"""Validation of one source, and of the call's request count and widths. Pure: nothing here writes memory.
-
-:func:`check_source` makes a :class:`Prepared` record after every check a refresh makes (type, safe dtype
-cast, layout, rows and width against the capacity, NaN and ``min``/``max``), reading only the live values.
-"""
+"""Validation of one source (type, safe dtype cast, layout, rows and width against the capacity, NaN and
+``min``/``max``, reading only the live values), and of the call's request count and widths. Nothing here
+writes memory."""
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import operator
 from collections.abc import Mapping, Sequence
@@ -55,7 +54,7 @@ _new_tuple = tuple.__new__
 def prepared(
     slot: ResolvedBuffer, host: np.ndarray | None, dev: torch.Tensor | None, rows: int, width: int
 ) -> Prepared:
-    """A :class:`Prepared` built without the NamedTuple constructor's argument binding (hot paths)."""
+    """A :class:`Prepared`, built without the NamedTuple constructor's argument binding (hot paths)."""
     return _new_tuple(Prepared, (slot, host, dev, rows, width))  # type: ignore[no-any-return]
 
 
@@ -93,8 +92,7 @@ def check_source(
 def accept_typed(
     layout: Layout, slot: ResolvedBuffer, name: str, host: np.ndarray, size: int, label: str, strict: bool
 ) -> Prepared:
-    """A host source of a dtype ``slot`` casts safely without a value check, validated (layout, capacity,
-    bounds): :meth:`graphbuf.buffers.backend.Backend.accept`."""
+    """:meth:`graphbuf.buffers.backend.Backend.accept`: a host source of a dtype in ``slot.fast``."""
     _check_layout(slot, host, name, label)
     return _fitted(layout, slot, name, host, size, label, strict)
 
@@ -122,11 +120,9 @@ def _typed(
                 RefreshError, name, label, f"source is on {src.device}; allowed: host memory or {device}"
             )
         _check_cast(slot, src.dtype, name, label)
-        if on_device:
-            _check_layout(slot, src, name, label)
-            return src.detach()
-        host = src.detach()  # bfloat16 (numpy has none) as float32
-        host = (host if src.dtype in NP_OF_TORCH else host.to(torch.float32)).numpy()
+        host = src.detach()
+        if not on_device:  # bfloat16 (numpy has none) as float32
+            host = (host if src.dtype in NP_OF_TORCH else host.to(torch.float32)).numpy()
         _check_layout(slot, host, name, label)
         return host
     if isinstance(src, np.ndarray):
@@ -147,9 +143,8 @@ def _typed(
 
 
 def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.ndarray:
-    """One row of staged values (1-D: a run of elements) under a refresh's type, dtype and layout rules: a
-    fresh, contiguous 1-D array of the buffer's dtype that the caller's ``values`` no longer reach. Bounds
-    and NaN are checked when a refresh commits them."""
+    """One row of staged values (1-D: a run of elements) under a refresh's type, dtype and layout rules, as a
+    fresh contiguous 1-D array of the buffer's dtype. Bounds and NaN are checked when a refresh commits."""
     tp = type(values)
     src = values
     if tp is np.ndarray or ((tp is torch.Tensor or tp is torch.nn.Parameter) and _odd(values) is None):
@@ -171,8 +166,8 @@ def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.nd
 def _fitted(
     layout: Layout, slot: ResolvedBuffer, name: str, src: Any, size: int, label: str, strict: bool
 ) -> Prepared:
-    """The typed source (host values or a device tensor) against the capacity at ``size`` (rows; width
-    clipped or rejected by ``overflow``), then its values against the bounds (a device's if ``strict``)."""
+    """The typed source against the capacity at ``size`` (a width above it clipped or rejected by
+    ``overflow``), then its values against the bounds (a device source's only if ``strict``)."""
     shape = tuple(src.shape)
     rows = shape[0]
     b = slot.plan
@@ -199,11 +194,8 @@ def _fitted(
         if strict and src.numel():
             check_values(layout, slot, src, name, label)
         return prepared(slot, None, src, rows, width)
-    if (
-        src.size
-        and (slot.lo is not None or slot.hi is not None or src.dtype.kind == "f")
-        and not layout.backend.fits(slot, src, rows, width)
-    ):
+    checked = slot.bounded or src.dtype.kind == "f"
+    if src.size and checked and not layout.backend.fits(slot, src, rows, width):
         check_values(layout, slot, src, name, label)
     if slot.bf16:  # torch refuses negative strides, which numpy keeps on one-element and empty views
         dense = src if min(src.strides, default=0) >= 0 else np.array(src, order="C")
@@ -223,7 +215,7 @@ def _odd(t: torch.Tensor) -> str | None:
 
 
 def _check_cast(slot: ResolvedBuffer, dtype: np.dtype | torch.dtype, name: str, label: str) -> None:
-    """A source of ``dtype`` (numpy's or torch's) casts safely to the buffer's dtype."""
+    """``dtype`` (numpy's or torch's) casts safely to the buffer's."""
     np_dtype = NP_OF_TORCH.get(dtype) if isinstance(dtype, torch.dtype) else dtype
     if dtype is torch.bfloat16:
         ok = slot.bf16 or slot.np_dtype in _FLOAT32_UP
@@ -232,16 +224,12 @@ def _check_cast(slot: ResolvedBuffer, dtype: np.dtype | torch.dtype, name: str, 
     else:
         ok = np_dtype is not None and np_dtype.kind in "biuf" and np.can_cast(np_dtype, slot.np_dtype, "safe")
     if not ok:
-        raise Layout.fail(
-            RefreshError,
-            name,
-            label,
-            f"dtype {dtype_name(dtype)} cannot be cast safely to {dtype_name(slot.plan.dtype)}",
-        )
+        msg = f"dtype {dtype_name(dtype)} cannot be cast safely to {dtype_name(slot.plan.dtype)}"
+        raise Layout.fail(RefreshError, name, label, msg)
 
 
 def _check_layout(slot: ResolvedBuffer, src: np.ndarray | torch.Tensor, name: str, label: str) -> None:
-    """``src`` (a host array or a device tensor) has the buffer's rank and contiguous last-dim elements."""
+    """``src`` (host or device) has the buffer's rank and contiguous last-dim elements."""
     if src.ndim != slot.ndim:
         raise Layout.fail(
             RefreshError, name, label, f"expected {slot.ndim}-D source, got shape {list(src.shape)}"
@@ -261,7 +249,7 @@ def _check_layout(slot: ResolvedBuffer, src: np.ndarray | torch.Tensor, name: st
 
 
 def check_typed(slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str) -> None:
-    """A numpy source's dtype casts safely to the buffer's, and its layout fits (ndim, contiguous rows)."""
+    """:func:`_check_cast` and :func:`_check_layout` of a numpy source."""
     _check_cast(slot, arr.dtype, name, label)
     _check_layout(slot, arr, name, label)
 
@@ -277,28 +265,25 @@ def _from_list(slot: ResolvedBuffer, src: list | tuple, name: str, label: str) -
     if arr.size == 0:  # an empty list has no dtype (numpy guesses float64); `[]` for a 2-D buffer is 0x0
         shape = (0, 0) if arr.shape == (0,) and slot.ndim == 2 else arr.shape
         arr = arr.astype(slot.np_dtype).reshape(shape)
-    logical = dtype_name(slot.plan.dtype)
-    if arr.dtype.kind == "O" and slot.kind in "iu":
-        _big_integers(slot, arr, name, label, logical)  # ints past 64 bits: raises "do not fit"
-    if arr.dtype.kind not in "biuf":
+    logical, kind = dtype_name(slot.plan.dtype), arr.dtype.kind
+    ints = _ints(src) if (kind == "O" and slot.kind in "iu") or (kind == "f" and slot.kind != "f") else None
+    if ints is not None and kind == "O":  # integers past 64 bits
+        _check_ints(slot, min(ints), max(ints), name, label)
+    if kind not in "biuf":
         raise Layout.fail(
             RefreshError, name, label, f"list holds {arr.dtype} values; allowed: numbers of one shape"
         )
-    if arr.dtype.kind == "f" and slot.kind != "f":
-        arr = _integers(arr, src)  # numpy promotes a uint64 beside a Python int to float64
+    if ints is not None:  # numpy promotes a uint64 beside a Python int to float64: int64, or uint64 above it
+        dtype = np.uint64 if max(ints) > np.iinfo(np.int64).max and min(ints) >= 0 else np.int64
+        with contextlib.suppress(OverflowError):  # a negative beside one above int64: floats, refused
+            arr = np.array(ints, dtype=dtype).reshape(arr.shape)
     if arr.dtype.kind == "f" and slot.kind != "f":
         raise Layout.fail(RefreshError, name, label, f"list holds floats; {logical} takes integers")
     _check_layout(slot, arr, name, label)
     if not arr.size or arr.dtype.kind == "b":
         return arr
     if slot.kind in "iub":
-        info = np.iinfo(slot.np_dtype) if slot.kind != "b" else None
-        lo, hi = (0, 1) if info is None else (int(info.min), int(info.max))
-        amin, amax = int(arr.min()), int(arr.max())
-        if amin < lo or amax > hi:
-            raise Layout.fail(
-                RefreshError, name, label, f"values {amin}..{amax} do not fit {logical} ({lo}..{hi})"
-            )
+        _check_ints(slot, int(arr.min()), int(arr.max()), name, label)
         return arr
     if slot.plan.dtype == torch.float64:
         return arr
@@ -329,31 +314,21 @@ def _from_list(slot: ResolvedBuffer, src: list | tuple, name: str, label: str) -
     return arr
 
 
-def _big_integers(slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str, logical: str) -> None:
-    """An object array numpy made from integers past 64 bits: the values as given do not fit the buffer's
-    integer dtype (the message an integer list out of range gets). Anything else returns (not integers)."""
-    items = arr.ravel().tolist()
-    if not items or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
-        return
-    info = np.iinfo(slot.np_dtype)
-    raise Layout.fail(
-        RefreshError, name, label,
-        f"values {min(items)}..{max(items)} do not fit {logical} ({info.min}..{info.max})",
-    )  # fmt: skip
-
-
-def _integers(arr: np.ndarray, src: list | tuple) -> np.ndarray:
-    """A float ``arr`` numpy made from integers only (``[np.uint64(5), 1]``) as exact integers: int64, or
-    uint64 above its range; else ``arr`` unchanged (it holds floats)."""
+def _ints(src: list | tuple) -> list[int] | None:
+    """Every value of the list as a Python int, or None if one is not an integer (bools are not)."""
     items = np.asarray(src, dtype=object).ravel()
-    if not all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in items):
-        return arr
-    ints = [int(v) for v in items]
-    dtype = np.uint64 if ints and max(ints) > np.iinfo(np.int64).max and min(ints) >= 0 else np.int64
-    try:
-        return np.array(ints, dtype=dtype).reshape(arr.shape)
-    except OverflowError:
-        return arr
+    if all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in items):
+        return [int(v) for v in items]
+    return None
+
+
+def _check_ints(slot: ResolvedBuffer, amin: int, amax: int, name: str, label: str) -> None:
+    """Integers from ``amin`` to ``amax`` fit the buffer's integer (or bool) dtype."""
+    info = np.iinfo(slot.np_dtype) if slot.kind != "b" else None
+    lo, hi = (0, 1) if info is None else (int(info.min), int(info.max))
+    if amin < lo or amax > hi:
+        msg = f"values {amin}..{amax} do not fit {dtype_name(slot.plan.dtype)} ({lo}..{hi})"
+        raise Layout.fail(RefreshError, name, label, msg)
 
 
 def check_values(
@@ -365,19 +340,16 @@ def check_values(
     if (arr.is_floating_point() if xp is torch else arr.dtype.kind == "f") and bool(xp.isnan(arr).any()):
         at = "in device source" if xp is torch else f"at index {np.argwhere(np.isnan(arr))[0].tolist()}"
         raise Layout.fail(RefreshError, name, label, f"NaN {at}")
-    for which, limit in (("min", slot.lo), ("max", slot.hi)):
+    for which, limit, beyond in (("min", slot.lo, "below"), ("max", slot.hi, "above")):
         if limit is None:
             continue
         value = arr.min() if which == "min" else arr.max()
-        if xp is torch:
-            value = value.item()
+        value = value.item() if xp is torch else value
         if value < limit if which == "min" else value > limit:
+            at = xp.argwhere(arr == value)[0].tolist()
             spec = layout.plan.spec.buffers[slot.plan.spec_name]
-            raise Layout.fail(
-                RefreshError, name, label,
-                f"value {value} at index {xp.argwhere(arr == value)[0].tolist()} is "
-                f"{'below' if which == 'min' else 'above'} {which} {limit} ({which}: {getattr(spec, which)})",
-            )  # fmt: skip
+            msg = f"value {value} at index {at} is {beyond} {which} {limit} ({which}: {getattr(spec, which)})"
+            raise Layout.fail(RefreshError, name, label, msg)
 
 
 def check_num_reqs(num_reqs: Any, cap: int | None, label: str, size: Any = None) -> int:
@@ -393,7 +365,7 @@ def check_num_reqs(num_reqs: Any, cap: int | None, label: str, size: Any = None)
 
 def _requests_of_rows(layout: Layout, slot: ResolvedBuffer, rows: int, size: int | None) -> int | None:
     """THE live-count rule: the request count ``rows`` rows of ``slot`` stand for at ``size`` tokens (None:
-    any size, as for an eager step), or None when no count gives that many rows."""
+    any size), or None when no count gives that many rows."""
     found = slot.requests_of_rows.get(rows)  # type: ignore[union-attr]
     if found is None and size not in slot.capacity:
         found = layout.plan.requests_for_rows(slot.name, rows)
@@ -411,15 +383,11 @@ def requests_hint(layout: Layout, sources: Mapping[str, Any], label: str) -> int
         slot = layout.slots.get(name) if isinstance(name, str) else None
         if slot is None or slot.rows_of_requests is None:
             continue
-        if isinstance(src, (list, tuple)):
-            rows = len(src)
-        elif isinstance(src, (np.ndarray, torch.Tensor)) and src.ndim:
-            rows = int(src.shape[0])
-        else:
-            continue  # not a source of rows: the refresh names what is wrong with it
-        n = _requests_of_rows(layout, slot, rows, None)
-        if n is not None:
-            return n
+        # a source without rows is skipped: the refresh names what is wrong with it
+        if isinstance(src, (list, tuple)) or (isinstance(src, (np.ndarray, torch.Tensor)) and src.ndim):
+            n = _requests_of_rows(layout, slot, len(src), None)
+            if n is not None:
+                return n
     raise _no_count(label)
 
 
@@ -430,9 +398,7 @@ def live_requests(
     live, source = num_reqs, "num_reqs"
     for slot, _, _, rows, _ in prepared:
         table = slot.rows_of_requests
-        if table is None:
-            continue
-        if live is not None and live < len(table) and table[live] == rows:  # the common case, agreed
+        if table is None or (live is not None and live < len(table) and table[live] == rows):  # agreed
             continue
         if live is None:
             live = _requests_of_rows(layout, slot, rows, size)
