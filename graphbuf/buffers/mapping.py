@@ -22,28 +22,25 @@ def read_call(
     """``sources`` checked against the call's other arguments: bound sources of ``owner`` (their
     StaticBuffers) need ``num_reqs``; ``widths`` applies to bound sources only. A mapping is read once, into a
     plain dict, so none of its code runs between the check of a value and its write."""
-    if type(sources) is dict:
-        if widths is not None:
-            raise _widths_error(label)
-        return sources
-    if isinstance(sources, BoundSources):
-        if sources.buffers is not owner:
-            raise RefreshError(f"{label}: these bound sources belong to other StaticBuffers")
-        if num_reqs is None:
-            raise RefreshError(f"{label}: bound sources carry no row counts; pass num_reqs=")
-        return sources
-    if not isinstance(sources, Mapping):
-        raise RefreshError(
-            f"{label}: sources must be a mapping of buffer name to source, or BoundSources from bind(); "
-            f"got {type(sources).__name__}"
-        )
+    if type(sources) is not dict:
+        if isinstance(sources, BoundSources):
+            if sources.buffers is not owner:
+                raise RefreshError(f"{label}: these bound sources belong to other StaticBuffers")
+            if num_reqs is None:
+                raise RefreshError(f"{label}: bound sources carry no row counts; pass num_reqs=")
+            return sources
+        if not isinstance(sources, Mapping):
+            raise RefreshError(
+                f"{label}: sources must be a mapping of buffer name to source, or BoundSources from bind(); "
+                f"got {type(sources).__name__}"
+            )
+        if widths is None:
+            return dict(sources.items())
     if widths is not None:
-        raise _widths_error(label)
-    return dict(sources.items())
-
-
-def _widths_error(label: str) -> RefreshError:
-    return RefreshError(f"{label}: widths= applies to BoundSources; a mapping's sources carry their widths")
+        raise RefreshError(
+            f"{label}: widths= applies to BoundSources; a mapping's sources carry their widths"
+        )
+    return sources
 
 
 def prepare_mapping(

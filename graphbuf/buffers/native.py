@@ -4,20 +4,13 @@ the install had no C compiler or ``GRAPHBUF_NATIVE=0`` was set before import. On
 
 from __future__ import annotations
 
+import contextlib
 import os
 from types import ModuleType
 
 __all__ = ["KERNEL"]
 
-
-def _load() -> ModuleType | None:
-    if os.environ.get("GRAPHBUF_NATIVE", "1") == "0":
-        return None
-    try:
-        from graphbuf.buffers import _native
-    except ImportError:
-        return None
-    return _native
-
-
-KERNEL = _load()
+KERNEL: ModuleType | None = None
+if os.environ.get("GRAPHBUF_NATIVE", "1") != "0":
+    with contextlib.suppress(ImportError):
+        from graphbuf.buffers import _native as KERNEL

@@ -102,13 +102,7 @@ def _typed(
 ) -> np.ndarray | torch.Tensor:
     """``src`` as host values or a tensor on ``device``, after the type, dtype and layout checks."""
     tp = type(src)
-    if isinstance(src, torch.Tensor):
-        if tp is not torch.Tensor and tp is not torch.nn.Parameter:
-            raise layout.fail(
-                RefreshError, name, label,
-                f"tensor subclass {tp.__name__} (its methods run its own code between graphbuf's check and "
-                "write); pass a plain torch.Tensor, e.g. t.as_subclass(torch.Tensor)",
-            )  # fmt: skip
+    if tp is torch.Tensor or tp is torch.nn.Parameter:
         what = _odd(src) or ("a 0-d tensor" if src.dim() == 0 else None)
         if what is not None:
             raise layout.fail(
@@ -125,21 +119,24 @@ def _typed(
             host = (host if src.dtype in NP_OF_TORCH else host.to(torch.float32)).numpy()
         _check_layout(slot, host, name, label)
         return host
-    if isinstance(src, np.ndarray):
-        if tp is not np.ndarray:
-            raise layout.fail(
-                RefreshError, name, label,
-                f"numpy subclass {tp.__name__} (its extra state, e.g. a mask, would be dropped); pass a "
-                "plain numpy.ndarray",
-            )  # fmt: skip
+    if tp is np.ndarray:
         check_typed(slot, src, name, label)
         return src
     if isinstance(src, (list, tuple)):
         return _from_list(slot, src, name, label)
-    raise layout.fail(
-        RefreshError, name, label,
-        f"unsupported source type {tp.__name__}; allowed: torch.Tensor, numpy.ndarray, list",
-    )  # fmt: skip
+    if isinstance(src, torch.Tensor):
+        why = (
+            f"tensor subclass {tp.__name__} (its methods run its own code between graphbuf's check and "
+            "write); pass a plain torch.Tensor, e.g. t.as_subclass(torch.Tensor)"
+        )
+    elif isinstance(src, np.ndarray):
+        why = (
+            f"numpy subclass {tp.__name__} (its extra state, e.g. a mask, would be dropped); pass a plain "
+            "numpy.ndarray"
+        )
+    else:
+        why = f"unsupported source type {tp.__name__}; allowed: torch.Tensor, numpy.ndarray, list"
+    raise layout.fail(RefreshError, name, label, why)
 
 
 def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.ndarray:
