@@ -1,12 +1,10 @@
 """Refresh: write live sources into captured buffers, every source validated before any byte is written (a
 refresh that raises changes no byte), at a cost that follows the live work.
 
-Modules: ``layout`` (every buffer resolved once), ``validate`` (pure checks of one source, ``num_reqs`` and
-``widths``), ``mapping`` and ``bound`` (the two front-ends; mapping also holds :func:`read_call`, the checks
-every entry point shares), ``staged`` (staged writes), ``backend`` (numpy or the C kernel of ``native``,
-chosen once), ``commit`` (the only code that writes buffers), ``eager`` (inputs above the largest capture
-size); ``slab``: :class:`graphbuf.StaticBuffers`, whose :meth:`~graphbuf.StaticBuffers.refresh` composes them.
-"""
+Modules: ``layout`` (every buffer resolved once), ``validate`` (pure checks), ``mapping`` (with
+:func:`read_call`, the checks every entry point shares) and ``bound`` (the front-ends), ``staged`` (staged
+writes), ``backend`` (numpy or the C kernel of ``native``, chosen once), ``commit`` (the only code that writes
+buffers), ``eager`` (inputs above the largest capture size); ``slab``: :class:`graphbuf.StaticBuffers`."""
 
 from __future__ import annotations
 

@@ -25,9 +25,7 @@ def build_eager(
         image = np.full((rows, cols) if cols else (rows,), slot.pad, dtype=slot.np_dtype)
         write_live(image, host, slot, n, w, rows, 0, 0)
         t = torch.from_numpy(image)
-        if slot.bf16:
-            t = t.view(torch.bfloat16)
-        t = t.to(device)
+        t = (t.view(torch.bfloat16) if slot.bf16 else t).to(device)
         if dev is not None:
             place_device_source(t, slot, dev, n, w, rows, cols)
         out[slot.name] = t

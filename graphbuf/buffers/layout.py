@@ -58,8 +58,7 @@ class Layout:
     def __init__(self, plan: Plan, backend: Any) -> None:
         self.plan = plan
         self.backend = backend  #: runs every check and write (a :class:`graphbuf.buffers.backend.Backend`)
-        tpr = plan.tokens_per_request
-        self.tokens_per_request = tpr
+        self.tokens_per_request = tpr = plan.tokens_per_request
         self.max_requests = {s: s // tpr for s in plan.capture_sizes}
         self.slots: dict[str, ResolvedBuffer] = {b.name: self._slot(i, b) for i, b in enumerate(plan.buffers)}
         self.order = tuple(self.slots.values())
@@ -96,8 +95,7 @@ class Layout:
         return shape[0], shape[1] if len(shape) > 1 else 0
 
     def _rows(self, b: BufferPlan, requests: int) -> int:
-        p = self.plan
-        return b.rows.eval({**p.constants, "tokens": requests * p.tokens_per_request, "requests": requests})
+        return b.rows.eval(self.plan.env(requests * self.tokens_per_request))
 
     def eager_bytes(self, size: int, limit: int) -> int:
         """Bytes of every buffer's shape at ``size`` tokens (an eager step), summed until above ``limit``."""
