@@ -1,16 +1,14 @@
 """Staged writes: say what changed in a buffer's host state; the next refresh checks and writes only that.
 
-A staged buffer (:meth:`graphbuf.StaticBuffers.stage`) has a *host state*, an array of its whole allocation
-that takes the buffer's contents at the first ``stage()``. Writes (set or append in a row, set, move, swap or
-clear rows, scatter cells) change it at once and record the changed cells. The next
-``refresh(size, sources, num_reqs=n)`` that leaves the buffer out of ``sources`` commits it: the buffer then
-holds what a full refresh with source ``host[:rows]`` (the spec's rows at ``n``) would write. Only the changed
-cells of live rows, the used width of rows entering the live range and the cells the high-water marks say
-must be cleared are checked (a full refresh's rules and messages) and written, after the full sources
-(:meth:`graphbuf.buffers.commit.Committer.apply`); a commit that raises writes nothing and its writes stay
-staged. A buffer given whole takes that source as its host state; giving it whole with uncommitted writes is
-an error. ``repeat_last``, ``bfloat16`` and buffers whose width differs between capture sizes are refreshed
-whole. The host state is the backend's (:class:`StagedBuffer`).
+A staged buffer (:meth:`graphbuf.StaticBuffers.stage`) has a *host state*, its whole allocation, which takes
+the buffer's contents at the first ``stage()``; writes change it at once and record the changed cells. The
+next ``refresh(size, sources, num_reqs=n)`` that leaves the buffer out of ``sources`` commits it after the
+full sources: the buffer then holds what a full refresh with source ``host[:rows]`` (the spec's rows at
+``n``) would write, and only the changed cells of live rows, the used width of rows entering the live range
+and the cells the high-water marks clear are checked (a full refresh's rules and messages) and written. A
+commit that raises writes nothing; its writes stay staged. A buffer given whole takes that source as its
+host state (an error with uncommitted writes). ``repeat_last``, ``bfloat16`` and buffers whose width differs
+between capture sizes are refreshed whole.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphbuf.buffers.commit import Cells, Committer
+from graphbuf.buffers.commit import Cells, Committer, write_live
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
 from graphbuf.buffers.validate import Prepared, check_row, check_values
 from graphbuf.errors import RefreshError, RowsError, WidthError
@@ -39,10 +37,7 @@ def _expand(runs: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
     the cumulative sums)."""
     if len(runs) <= _FEW:
         pairs = runs.tolist() if isinstance(runs, np.ndarray) else runs
-        parts = [np.arange(a, b, dtype=np.int64) for a, b in pairs if b > a]
-        if not parts:
-            return _EMPTY
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in pairs] or [_EMPTY])
     runs = np.asarray(runs, dtype=np.int64)
     starts, lengths = runs[:, 0], runs[:, 1] - runs[:, 0]  # an empty run repeats nothing
     ends = np.cumsum(lengths)
@@ -58,75 +53,70 @@ class _Checks:
     """The stage-time checks of one staged buffer: every write's arguments in plain form (int rows and
     columns inside the allocation; values and indices fresh contiguous 1-D arrays owned here), or the error
     naming what is wrong. The Python host state runs them on every write, the native one
-    (``graphbuf.buffers._native.Staged``) on any argument it does not take as it is."""
+    (``graphbuf.buffers._native.Staged``) on any argument it does not take as it is. ``top``, ``cols``: the
+    buffer's high-water mark (rows from ``top`` and columns from ``cols`` hold the pad)."""
 
-    def __init__(
-        self, slot: ResolvedBuffer, host: np.ndarray, lens: np.ndarray | None, guard: Exclusive
-    ) -> None:
+    def __init__(self, slot: ResolvedBuffer, host: np.ndarray, guard: Exclusive, top: int, cols: int) -> None:
         self.slot = slot
         self.name = slot.name
+        self.guard = guard
         self.state = host  # the host state: the whole allocation, numpy element type of the slot
         self.flat = host.reshape(-1)
-        self.lens = lens  # 2-D: per row, the columns that may differ from the pad (the rest is pad)
         self.rows = host.shape[0]
         self.wide = host.ndim == 2
         self.width = host.shape[1] if self.wide else 1
-        self.guard = guard
-        self._host_ro = _read_only(host)
-        self._lens_ro = _read_only(lens) if lens is not None else None
+        self.lens = None  # 2-D: per row, the columns that may differ from the pad (the rest is pad)
+        if self.wide:
+            self.lens = np.zeros(self.rows, dtype=np.int64)
+            self.lens[:top] = cols
 
     def host_view(self) -> np.ndarray:
-        """:attr:`StagedBuffer.host` of both host states: a new read-only view of the host state."""
-        return self._host_ro.view()
+        """The host state, read-only (its base cannot be made writable; bfloat16 is refused, so values are
+        in the buffer's dtype); a new view each time, so reshaping one in place changes no other."""
+        return np.asarray(memoryview(self.state).toreadonly())
 
     def lengths_view(self) -> np.ndarray:
-        """:attr:`StagedBuffer.lengths` of both host states; a 1-D buffer has none."""
-        if self._lens_ro is None:
+        """2-D: per row, the columns that may hold values (read-only as :attr:`host`; the writes keep it)."""
+        if self.lens is None:
             raise RefreshError(f"lengths: buffer {self.name!r} is 1-D; it has no row lengths")
-        return self._lens_ro.view()
+        return np.asarray(memoryview(self.lens).toreadonly())
 
     def _busy(self, op: str) -> None:
         raise self.guard.busy(f"{op}()")
 
     def _normalize(self, op: str, *args: Any) -> tuple[Any, ...]:
         """``op``'s arguments in plain form, or the error (at stage time) that names what is wrong."""
-        if op == "set":
-            row, values, col = args
-            arr = self._values(values, "set")
-            k = arr.shape[0]
-            if self.wide:
-                return self._row(row, "set"), arr, self._col(col, k, "set")
-            if col != 0 or isinstance(col, bool):
-                raise WidthError(f"set(): buffer {self.name!r}: 1-D buffer; col must be 0, got {col!r}")
-            r = self._row(row, "set")
-            self._run("set", r, k, self.rows, "rows", RowsError)
-            return r, arr, 0
-        if op == "append":
-            if self.lens is None:
-                raise RefreshError(f"append(): buffer {self.name!r} is 1-D; use set(row, values)")
-            r = self._row(args[0], "append")
-            arr = self._values(args[1], "set")
-            self._col(int(self.lens[r]), arr.shape[0], "set")
-            return r, arr
-        if op == "set_row":
-            r = self._row(args[0], "set_row")
-            arr = self._values(args[1], "set_row")
-            if self.wide:
-                self._col(0, arr.shape[0], "set_row")
-            elif arr.shape[0] != 1:
-                raise RefreshError(
-                    f"set_row(): buffer {self.name!r} is 1-D; a row is one value, got {arr.shape[0]}"
-                )
-            return r, arr
-        if op in ("clear_row", "move_row", "swap_rows"):
-            return tuple(self._row(a, op) for a in args)
         if op == "scatter":
             return self._scatter_args(*args)
-        raise ValueError(f"_normalize: unknown op {op!r}")
+        if op in ("clear_row", "move_row", "swap_rows"):
+            return tuple(self._row(a, op) for a in args)
+        if op == "set":
+            row, values, col = args
+            arr = check_row(self.slot, values, self.name, "set()")
+            if not self.wide and (col != 0 or isinstance(col, bool)):
+                raise WidthError(f"set(): buffer {self.name!r}: 1-D buffer; col must be 0, got {col!r}")
+            r = self._row(row, "set")
+            if self.wide:
+                return r, arr, self._run("set", col, arr.shape[0], self.width, "columns", WidthError)
+            self._run("set", r, arr.shape[0], self.rows, "rows", RowsError)
+            return r, arr, 0
+        if op == "append" and self.lens is None:
+            raise RefreshError(f"append(): buffer {self.name!r} is 1-D; use set(row, values)")
+        r = self._row(args[0], op)
+        arr = check_row(self.slot, args[1], self.name, "set()" if op == "append" else "set_row()")
+        if op == "append":
+            self._run("set", int(self.lens[r]), arr.shape[0], self.width, "columns", WidthError)  # type: ignore[index]
+        elif self.wide:
+            self._run("set_row", 0, arr.shape[0], self.width, "columns", WidthError)
+        elif arr.shape[0] != 1:
+            raise RefreshError(
+                f"set_row(): buffer {self.name!r} is 1-D; a row is one value, got {arr.shape[0]}"
+            )
+        return r, arr
 
     def _scatter_args(self, rows: Any, values: Any, cols: Any) -> tuple[Any, ...]:
         r, lo, hi = self._indices(rows, "rows", RowsError)
-        arr = self._values(values, "scatter")
+        arr = check_row(self.slot, values, self.name, "scatter()")
         if arr.shape[0] != r.shape[0]:
             raise RefreshError(
                 f"scatter(): buffer {self.name!r}: {r.shape[0]} rows but {arr.shape[0]} values"
@@ -151,6 +141,11 @@ class _Checks:
             raise err(f"{op}(): buffer {self.name!r}: {what} {x!r} is not an integer")
         return int(x)
 
+    def _row(self, row: Any, op: str) -> int:
+        r = self._int(op, row, "row", RowsError)
+        self._within(op, r, r, self.rows, "row", RowsError)
+        return r
+
     def _within(self, op: str, lo: int, hi: int, limit: int, what: str, err: type[RefreshError]) -> None:
         """Indices ``lo``..``hi`` (a row or column each) lie inside the allocation's ``limit``."""
         if lo < 0 or hi >= limit:
@@ -159,29 +154,29 @@ class _Checks:
                 f"allocation of {limit} {what}s"
             )
 
-    def _run(self, op: str, start: int, k: int, limit: int, what: str, err: type[RefreshError]) -> None:
-        """The run of ``k`` rows or columns from ``start`` lies inside the allocation's ``limit``."""
-        if start < 0 or start + k > limit:
+    def _run(self, op: str, start: Any, k: int, limit: int, what: str, err: type[RefreshError]) -> int:
+        """``start`` as an int: the first of ``k`` rows or columns inside the allocation's ``limit``."""
+        s = self._int(op, start, what[:-1], err)
+        if s < 0 or s + k > limit:
             raise err(
-                f"{op}(): buffer {self.name!r}: {what} {start}..{start + k - 1} reach outside the captured "
+                f"{op}(): buffer {self.name!r}: {what} {s}..{s + k - 1} reach outside the captured "
                 f"allocation of {limit} {what}"
             )
+        return s
 
     def _indices(self, x: Any, what: str, err: type[RefreshError]) -> tuple[np.ndarray, int, int]:
         """Scatter's ``rows`` or ``cols`` under :func:`_is_int`'s rule: a fresh flat array of the given
         integers, and their least and greatest value as given (never wrapped). Empty: (array, 0, -1)."""
-        tp = type(x)
-        if tp is torch.Tensor and x.device.type == "cpu" and x.layout == torch.strided:
-            x = x.detach().cpu().resolve_neg().resolve_conj().numpy()
-            tp = np.ndarray
-        if tp is np.ndarray:
+        if type(x) is torch.Tensor and x.device.type == "cpu" and x.layout == torch.strided:
+            x = x.detach().resolve_neg().resolve_conj().numpy()
+        if type(x) is np.ndarray:
             if x.dtype.kind not in "iu":
                 raise err(f"scatter(): buffer {self.name!r}: {what} of dtype {x.dtype}; allowed: integers")
             flat = np.array(x, order="C").reshape(-1)  # a copy: the caller may reuse its array
             return (flat, int(flat.min()), int(flat.max())) if flat.size else (flat, 0, -1)
         if _is_int(x):
-            x, tp = [x], list
-        if tp is list or tp is tuple:
+            x = [x]
+        if type(x) is list or type(x) is tuple:
             for i, v in enumerate(x):
                 if not _is_int(v):
                     raise err(f"scatter(): buffer {self.name!r}: {what}[{i}] = {v!r} is not an integer")
@@ -195,20 +190,6 @@ class _Checks:
             "of integers, or one int"
         )
 
-    def _row(self, row: Any, op: str) -> int:
-        r = self._int(op, row, "row", RowsError)
-        self._within(op, r, r, self.rows, "row", RowsError)
-        return r
-
-    def _col(self, col: Any, k: int, op: str) -> int:
-        c = self._int(op, col, "column", WidthError)
-        self._run(op, c, k, self.width, "columns", WidthError)
-        return c
-
-    def _values(self, values: Any, op: str) -> np.ndarray:
-        """``values`` as a fresh contiguous 1-D array of the buffer's dtype, by a refresh's value rule."""
-        return check_row(self.slot, values, self.name, f"{op}()")
-
 
 class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
     """Staged writes to one buffer (from :meth:`graphbuf.StaticBuffers.stage`). Rows and columns index the
@@ -218,36 +199,20 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
     does to them afterwards reaches the host state. A 1-D buffer's "row" is one element: :meth:`set`
     writes a run of elements from ``row``.
 
-    This class is the Python host state (changed cells kept as flat element indices); with the native
-    kernel, :meth:`graphbuf.StaticBuffers.stage` returns ``graphbuf.buffers._native.Staged`` (registered as
-    a StagedBuffer): the same methods, bytes and errors.
+    This class is the Python host state; with the native kernel, :meth:`graphbuf.StaticBuffers.stage`
+    returns ``graphbuf.buffers._native.Staged`` (a registered StagedBuffer): the same methods, bytes and
+    errors.
     """
 
-    def __init__(
-        self,
-        slot: ResolvedBuffer,
-        host: np.ndarray,
-        lens: np.ndarray | None,
-        colmax: int,
-        top: int,
-        guard: Exclusive,
-    ) -> None:
-        super().__init__(slot, host, lens, guard)
+    host = property(_Checks.host_view)
+    lengths = property(_Checks.lengths_view)
+
+    def __init__(self, slot: ResolvedBuffer, host: np.ndarray, guard: Exclusive, top: int, cols: int) -> None:
+        super().__init__(slot, host, guard, top, cols)
         self.runs: list[tuple[int, int]] = []  # changed [start, stop) ranges of flat indices
         self.cells: list[np.ndarray] = []  # changed flat indices, scattered
-        self.colmax = colmax  # bound of every row's lens (the column high-water mark a commit leaves)
+        self.colmax = cols if self.wide else 0  # bound of every row's lens (the column mark a commit leaves)
         self.top = top  # rows at and past top hold the pad
-
-    @property
-    def host(self) -> np.ndarray:
-        """The host state (a read-only view that cannot be made writable; bfloat16 is refused, so values
-        are in the buffer's dtype); a new view each time, so reshaping one in place changes no other."""
-        return self.host_view()
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """2-D: per row, the columns that may hold values (read-only as :attr:`host`; the writes keep it)."""
-        return self.lengths_view()
 
     @property
     def pending(self) -> bool:
@@ -268,9 +233,7 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
     def changed_into(self, out: np.ndarray) -> None:
         """Every changed flat index into ``out``; a cell staged twice appears twice (deduplicating costs more
         than writing it twice)."""
-        parts = [*self.cells, _expand(self.runs)] if self.runs else self.cells
-        if parts:
-            out[:] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out[:] = np.concatenate([*self.cells, _expand(self.runs)])
 
     def set(self, row: Any, values: Any, col: Any = 0) -> None:
         """2-D: ``values`` into row ``row`` from column ``col``. 1-D: into elements ``row``, ``row+1``, ..."""
@@ -283,36 +246,29 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
             r, arr = self._normalize("append", row, values)
             self._set(r, arr, int(self.lens[r]))  # type: ignore[index]
 
-    def _set(self, r: int, arr: np.ndarray, c: int) -> None:
+    def _set(self, r: int, arr: np.ndarray, c: int, grow: bool = True) -> None:
+        """``arr`` into row ``r`` from column ``c`` (1-D: elements from ``r``), the run recorded, the row's
+        length and the column mark raised; ``grow``: the rows written below :attr:`top`."""
         k = arr.shape[0]
         start = r * self.width + c
         self.flat[start : start + k] = arr
         self.runs.append((start, start + k))
-        if not self.wide:
-            self.top = max(self.top, r + k)
-            return
-        if c + k > self.lens[r]:  # type: ignore[index]
+        if self.wide and c + k > self.lens[r]:  # type: ignore[index]
             self.lens[r] = c + k  # type: ignore[index]
             self.colmax = max(self.colmax, c + k)
-        self.top = max(self.top, r + 1)
+        if grow:
+            self.top = max(self.top, r + (1 if self.wide else k))
 
     def _put_row(self, r: int, arr: np.ndarray, grow: bool = True) -> None:
         """Row ``r`` becomes ``arr``, the rest of its used width the pad (1-D: element ``r`` becomes
-        ``arr[0]``); the changed run recorded, and (``grow``) the row below :attr:`top`."""
-        if not self.wide:
-            self.state[r] = arr[0]
-            self.runs.append((r, r + 1))
-        else:
-            lens, k = self.lens, arr.shape[0]
-            old = int(lens[r])  # type: ignore[index]
-            self.state[r, :k] = arr
+        ``arr[0]``), as :meth:`_set` from column 0."""
+        if self.wide:
+            k, old = arr.shape[0], int(self.lens[r])  # type: ignore[index]
             if old > k:
                 self.state[r, k:old] = self.slot.pad
-            lens[r] = k  # type: ignore[index]
-            self.colmax = max(self.colmax, k)
-            self.runs.append((r * self.width, r * self.width + max(k, old)))
-        if grow:
-            self.top = max(self.top, r + 1)
+                self.runs.append((r * self.width + k, r * self.width + old))
+            self.lens[r] = 0  # type: ignore[index]
+        self._set(r, arr, 0, grow)
 
     def _row_values(self, r: int) -> np.ndarray:
         """A copy of row ``r``'s used values (1-D: its one element)."""
@@ -370,11 +326,6 @@ def changed_cells(core: Any) -> np.ndarray:
     return out
 
 
-def _read_only(arr: np.ndarray) -> np.ndarray:
-    """A view of ``arr`` that follows its values and cannot be made writable (its base is read-only)."""
-    return np.asarray(memoryview(arr).toreadonly())
-
-
 class StagedWrites:
     """The staged buffers of one slab: their host states, the check of a commit and its upload."""
 
@@ -401,9 +352,8 @@ class StagedWrites:
     def buffer(self, name: Any) -> StagedBuffer:
         """The staged-write handle of buffer ``name`` (made on first use: its host state then takes the
         buffer's current contents)."""
-        h = self._handles.get(name) if isinstance(name, str) else None
-        if h is not None:
-            return h
+        if isinstance(name, str) and name in self._handles:
+            return self._handles[name]
         slot = self.layout.slot("stage()", name)
         why = None
         if slot.repeat_last:
@@ -416,26 +366,22 @@ class StagedWrites:
             raise self.layout.fail(
                 RefreshError, name, "stage()", f"{why}; staged writes do not apply, refresh it whole"
             )
-        rows, cols = self._commit.mark(slot.index)
+        top, cols = self._commit.mark(slot.index)
         host = self._full[name].detach().cpu().numpy().copy()  # one read of the current contents
-        lens, colmax = None, 0
-        if slot.ndim == 2:
-            lens, colmax = np.zeros(host.shape[0], dtype=np.int64), cols
-            lens[:rows] = cols
-        kernel = self._kernel
+        kernel, commit = self._kernel, self._commit
         if kernel is None:
-            h = checks = StagedBuffer(slot, host, lens, colmax, rows, self.guard)
+            h = checks = StagedBuffer(slot, host, self.guard, top, cols)
         else:
-            checks = _Checks(slot, host, lens, self.guard)
+            checks = _Checks(slot, host, self.guard, top, cols)
             h = kernel.Staged(
-                host, lens, slot.pad.tobytes(), slot.lo, slot.hi, slot.rows_of_requests, slot.index,
-                self.guard.lock, colmax, rows, checks, np.ndarray,
+                host, checks.lens, slot.pad.tobytes(), slot.lo, slot.hi, slot.rows_of_requests, slot.index,
+                self.guard.lock, cols if checks.wide else 0, top, checks, np.ndarray,
             )  # fmt: skip
         self._handles[name] = h
         self._checks[name] = checks
         self.names = frozenset(self._handles)
         self.required = self.layout.required.difference(self.names)
-        commit, slots = self._commit, [c.slot for c in self._checks.values()]
+        slots = [c.slot for c in self._checks.values()]
         self._native = None
         if kernel is not None and (
             not commit.uploads or all(s.itemsize % 4 == 0 and s.plan.offset % 4 == 0 for s in slots)
@@ -515,7 +461,7 @@ class StagedWrites:
             if one is not None:  # one run, no row enters: a slice
                 idx = slice(one[0], max(one[0], min(one[1], keep * w)))
             else:
-                idx = changed_cells(h) if h.pending else _EMPTY
+                idx = changed_cells(h)
                 if idx.size and keep < m.rows:
                     idx = idx[idx < keep * w]
                 if live > shown:  # rows entering the live range: their used width
@@ -530,22 +476,13 @@ class StagedWrites:
         return cells
 
     def _absorb(self, p: Prepared) -> None:
-        """A refresh gave a staged buffer whole: its live values become the host state, other rows pad."""
+        """A refresh gave a staged buffer whole: the host state takes its write (:func:`write_live`: the
+        live values, the rest pad)."""
         slot, src, dev, n, w = p
         h, m = self._handles[slot.name], self._checks[slot.name]
-        if src is None and dev is not None:
-            src = dev.detach().cpu().numpy()
-        if h.top > n:
-            m.state[n : h.top] = slot.pad
         if m.wide:
-            if src is not None:
-                m.state[:n, :w] = src[:n, :w]
-            if h.colmax > w:
-                m.state[:n, w : h.colmax] = slot.pad
             m.lens[:n] = w  # type: ignore[index]
             m.lens[n : max(n, h.top)] = 0  # type: ignore[index]
-            h.colmax = w if n else 0
-        elif src is not None:
-            m.state[:n] = src[:n]
-        h.top = n
+        src = dev.detach().cpu().numpy() if src is None else src  # type: ignore[union-attr]
+        h.top, h.colmax = write_live(m.state, src, slot, n, w, n, h.top, h.colmax)
         h.clear()

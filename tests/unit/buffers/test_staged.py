@@ -175,6 +175,18 @@ def test_a_staged_buffer_given_whole_takes_the_source(buffers: StaticBuffers) ->
     assert buffers.full[BT][1, :6].tolist() == [3, 4, 5, 6, 7, 0]
 
 
+def test_a_source_viewing_the_host_state_is_read_before_the_rows_it_leaves_are_padded(
+    buffers: StaticBuffers,
+) -> None:
+    # Found while re-cutting staged.py: the host state padded the rows past the live range before it copied
+    # the source, so a source viewing those rows left the host state unlike the buffer.
+    lens = buffers.stage("seq_lens")
+    lens.set(0, np.array([5, 6, 7, 8], np.int32))
+    buffers.refresh(16, {**_rest(4), BT: np.zeros((4, W), np.int32)}, num_reqs=4)
+    buffers.refresh(12, {**_rest(3), BT: np.zeros((3, W), np.int32), "seq_lens": lens.host[1:4]}, num_reqs=3)
+    assert lens.host[:5].tolist() == buffers.full["seq_lens"][:5].tolist() == [6, 7, 8, 0, 0]
+
+
 def test_the_first_staged_write_starts_from_the_buffer_contents(buffers: StaticBuffers) -> None:
     src = np.arange(1, 9, dtype=np.int32).reshape(2, 4)
     buffers.refresh(8, {**_rest(2), BT: src, "seq_lens": [5, 6]})
