@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -34,9 +34,8 @@ __all__ = ["BoundSources"]
 
 _NO_WIDTHS: dict[str, int] = {}  # never written
 
-#: A bound source as each refresh reads it: (slot, numpy array, name, 2-D, its columns or 0, its shape and
-#: strides at bind). A tensor's numpy view never changes shape: the tensor itself is watched.
-_Entry = tuple[ResolvedBuffer, np.ndarray, str, bool, int, tuple[int, ...], tuple[int, ...]]
+#: A bound source as each refresh reads it: (slot, numpy array, name, its rows, its columns or None if 1-D).
+_Entry = tuple[ResolvedBuffer, np.ndarray, str, int, int | None]
 
 
 class BoundSources:
@@ -52,53 +51,32 @@ class BoundSources:
     def __init__(self, buffers: Any, layout: Layout, sources: Any) -> None:
         self.buffers = buffers
         self._layout = layout
-        label = "bind()"
         if not isinstance(sources, Mapping):
             raise RefreshError(
-                f"{label}: sources must be a mapping of buffer name to source, got {type(sources).__name__}"
+                f"bind(): sources must be a mapping of buffer name to source, got {type(sources).__name__}"
             )
         items = list(sources.items())  # read once
         entries: list[_Entry] = []
-        tensors = []
-        fast = True  # every source typed at bind: integers of a dtype the fast path takes
+        tensors, arrays = [], []  # what check_moved watches: a tensor's own numpy view never changes
         for name, src in items:
-            slot, arr = _bound_array(layout, name, src, label)
+            slot, arr = _bound_array(layout, name, src)
             if type(src) is torch.Tensor:
                 tensors.append((name, src, src.data_ptr(), src.shape, src.stride()))
-            fast = fast and arr.dtype in slot.fast
-            wide = slot.ndim == 2
-            entries.append((slot, arr, name, wide, arr.shape[1] if wide else 0, arr.shape, arr.strides))
-        names = [name for name, _ in items]
-        if not layout.required.issubset(names):
-            raise layout.missing_error(label, names)
+            else:
+                arrays.append((name, arr, arr.shape, arr.strides))
+            width = arr.shape[1] if slot.ndim == 2 else None
+            entries.append((slot, arr, name, arr.shape[0], width))
+        self.names: tuple[str, ...] = tuple(name for name, _ in items)
+        if not layout.required.issubset(self.names):
+            raise layout.missing_error("bind()", self.names)
         self._entries = tuple(entries)
-        # Per capture size, per entry: the live rows and columns the fast path accepts (within the source
-        # and the capacity); empty when some source needs check_source on every refresh.
-        self._limits: dict[int, tuple[tuple[int, int], ...]] = {}
-        if fast:
-            for s in layout.plan.capture_sizes:
-                self._limits[s] = tuple(
-                    (min(arr.shape[0], slot.capacity[s][0]), min(width, slot.capacity[s][1]) if wide else 0)
-                    for slot, arr, _, wide, width, _, _ in entries
-                )
         self._tensors = tuple(tensors)
-        self._wide = frozenset(e[2] for e in entries if e[3])
-        self.names: tuple[str, ...] = tuple(names)
+        self._arrays = tuple(arrays)
+        self._wide = frozenset(e[2] for e in entries if e[4] is not None)
 
     def check_moved(self, label: str) -> None:
         """Raise :class:`AddressChangedError` if a bound tensor changed address, shape or strides, or a bound
         numpy array its shape or strides."""
-        self._check_tensors(label)
-        for _, arr, name, _, _, shape, strides in self._entries:
-            if arr.shape != shape or arr.strides != strides:
-                raise AddressChangedError(
-                    f"{label}: bound source {name!r} changed in place: bound with shape {list(shape)} "
-                    f"strides {list(strides)}, now shape {list(arr.shape)} strides {list(arr.strides)}; a "
-                    "bound numpy array must keep its shape (ndarray.resize and .shape= change it): bind it "
-                    "again"
-                )
-
-    def _check_tensors(self, label: str) -> None:
         for name, t, ptr, shape, stride in self._tensors:
             if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride:
                 raise AddressChangedError(
@@ -107,74 +85,60 @@ class BoundSources:
                     "a bound tensor must keep its address and layout (set_ rebinds, resize_ reshapes): bind "
                     "it again"
                 )
-
-    def _live(self, size: int, n: int, widths: Any, label: str) -> Iterator[tuple[str, np.ndarray]]:
-        """(name, live rows × live width view) of every bound source at ``n`` requests of ``size`` tokens,
-        after the moved/widths/rows checks; values are not checked here."""
-        layout = self._layout
-        self.check_moved(label)
-        w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
-        for slot, arr, name, wide, width, _, _ in self._entries:
-            rows = layout.rows_at(slot, size, n)
-            if rows > arr.shape[0]:
-                raise layout.fail(
-                    RowsError, name, label,
-                    f"{n} requests need {rows} rows (rows = {slot.plan.rows.text}); the bound source has "
-                    f"{arr.shape[0]}",
-                )  # fmt: skip
-            if wide:
-                w = w_of.get(name, width)
-                if not 0 <= w <= arr.shape[1]:
-                    raise layout.fail(
-                        RefreshError, name, label,
-                        f"width {w} outside the bound source's 0..{arr.shape[1]} columns",
-                    )  # fmt: skip
-                yield name, arr[:rows, :w]
-            else:
-                yield name, arr[:rows]
+        for name, arr, shape, strides in self._arrays:
+            if arr.shape != shape or arr.strides != strides:
+                raise AddressChangedError(
+                    f"{label}: bound source {name!r} changed in place: bound with shape {list(shape)} "
+                    f"strides {list(strides)}, now shape {list(arr.shape)} strides {list(arr.strides)}; a "
+                    "bound numpy array must keep its shape (ndarray.resize and .shape= change it): bind it "
+                    "again"
+                )
 
     def prepare(
         self, size: int, num_reqs: Any, widths: Any, label: str, *, strict: bool, device: torch.device
     ) -> tuple[list[Prepared], int]:
         """Validate the live rows and widths of every bound source at ``size`` tokens (a capture size, or
         any count for an eager step); return them prepared and the live request count."""
-        layout = self._layout
-        n = check_num_reqs(num_reqs, layout.max_requests.get(size, None), label, size)
-        limits = self._limits.get(size)
-        if limits is not None:
-            out = self._prepare_fast(limits, n, widths, label)
-            if out is not None:
-                return out, n
-        live = self._live(size, n, widths, label)  # the general path: the one that names what is wrong
-        return [check_source(layout, k, a, size, label, strict, device) for k, a in live], n
+        n = check_num_reqs(num_reqs, self._layout.max_requests.get(size, None), label, size)
+        return self._read(size, n, widths, label, strict, device), n
 
-    def _prepare_fast(
-        self, limits: tuple[tuple[int, int], ...], n: int, widths: Any, label: str
-    ) -> list[Prepared] | None:
-        """The common refresh: every live slice within its source and capacity (``limits``) and its values
-        within bounds. None if anything is not, for the general path to raise or clip as a mapping would."""
-        if self._tensors:
-            self._check_tensors(label)
+    def _read(
+        self, size: int, n: int, widths: Any, label: str, strict: bool, device: torch.device | None
+    ) -> list[Prepared]:
+        """Every bound source at ``n`` requests of ``size`` tokens after the moved, widths and rows checks,
+        its values checked as a mapping's unless ``device`` is None (then passed whole, unchecked)."""
+        layout = self._layout
+        self.check_moved(label)
         w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
+        fits = layout.backend.fits
         out: list[Prepared] = []
-        fits = self._layout.backend.fits
-        for (slot, arr, name, wide, width, shape, strides), (max_rows, max_cols) in zip(
-            self._entries, limits
-        ):
-            if arr.shape != shape or arr.strides != strides:
-                return None  # changed in place: check_moved names it
-            table = slot.rows_of_requests
-            rows = table[n] if table is not None else max_rows  # n is within the table at capture sizes
-            if rows > max_rows:
-                return None
+        for slot, arr, name, held, width in self._entries:
+            rows = layout.rows_at(slot, size, n)
+            if rows > held:
+                raise layout.fail(
+                    RowsError, name, label,
+                    f"{n} requests need {rows} rows (rows = {slot.plan.rows.text}); the bound source has "
+                    f"{held}",
+                )  # fmt: skip
             w = 0
-            if wide:
-                w = w_of.get(name, width) if w_of else width
-                if not 0 <= w <= max_cols:
-                    return None
-            if slot.bounded and rows and (w or not wide) and not fits(slot, arr, rows, w):
-                return None
-            out.append(prepared(slot, arr, None, rows, w))  # the whole source: its live region is [:rows, :w]
+            if width is not None:
+                w = w_of.get(name, width)
+                if not 0 <= w <= width:
+                    raise layout.fail(
+                        RefreshError, name, label, f"width {w} outside the bound source's 0..{width} columns"
+                    )
+            if device is None:
+                out.append(prepared(slot, arr, None, rows, w))
+                continue
+            cap = slot.capacity.get(size)  # None at an eager size
+            plain = cap is not None and rows <= cap[0] and w <= cap[1] and arr.dtype in slot.fast
+            if plain and slot.bounded and rows and (w or width is None):
+                plain = fits(slot, arr, rows, w)
+            if plain:  # the whole source, its live region [:rows, :w]
+                out.append(prepared(slot, arr, None, rows, w))
+            else:  # check_source names what is wrong, or cuts the width, as for a mapping
+                live = arr[:rows, :w] if width is not None else arr[:rows]
+                out.append(check_source(layout, name, live, size, label, strict, device))
         return out
 
     def refresh(self, size: int, num_reqs: int, *, widths: Mapping[str, int] | None = None) -> int:
@@ -186,15 +150,16 @@ class BoundSources:
         checks): what an eager step would read."""
         label = "sources()"
         n = check_num_reqs(num_reqs, None, label)
-        size = n * self._layout.tokens_per_request
-        return dict(self._live(size, n, widths, label))
+        live = self._read(n * self._layout.tokens_per_request, n, widths, label, False, None)
+        return {s.name: a[:rows, :w] if s.ndim == 2 else a[:rows] for s, a, _, rows, w in live}
 
     def __repr__(self) -> str:
         return f"BoundSources({', '.join(self.names)})"
 
 
-def _bound_array(layout: Layout, name: Any, src: Any, label: str) -> tuple[ResolvedBuffer, np.ndarray]:
+def _bound_array(layout: Layout, name: Any, src: Any) -> tuple[ResolvedBuffer, np.ndarray]:
     """``src`` as the numpy array refreshes read, after bind's checks (type, dtype, layout, rows)."""
+    label = "bind()"
     slot = layout.slot(label, name)
     arr = src
     if type(src) is not np.ndarray:

@@ -234,3 +234,28 @@ def test_a_mapping_refresh_of_a_non_mapping_names_the_type() -> None:
         "refresh(size=4): sources must be a mapping of buffer name to source, or BoundSources from bind(); "
         "got list"
     )
+
+
+@pytest.mark.parametrize("beside", [{}, {"w": np.ones((4, 2), np.float32)}])
+def test_a_bound_array_whose_dtype_is_reassigned_in_place_is_checked_as_a_mapping_source(
+    beside: dict,
+) -> None:
+    """The unchecked read of a bound source holds for a dtype the buffer takes without a value check, read at
+    every refresh: an int32 array reinterpreted in place as uint32 (same shape and strides) is refused as a
+    mapping refresh refuses it, whether or not a float source (always checked) is bound beside it."""
+    bufs = {"lens": {"dtype": "int32", "rows": "requests", "pad": 0}}
+    if beside:
+        bufs["w"] = {"dtype": "float32", "rows": "requests", "cols": 2}
+    sb = buffers(bufs, sizes=[4])
+    lens = np.array([1, 2, 3, 4], np.int32)
+    bound = sb.bind({"lens": lens, **beside})
+    bound.refresh(4, 3)
+    assert sb.full["lens"].tolist() == [1, 2, 3, 0]
+    lens.dtype = np.uint32
+    before = contents(sb)
+    msg = r"^refresh\(size=4\): buffer 'lens': dtype uint32 cannot be cast safely to int32$"
+    with pytest.raises(RefreshError, match=msg):
+        bound.refresh(4, 3)
+    with pytest.raises(RefreshError, match=msg):
+        sb.refresh(4, {"lens": lens[:3], **{k: v[:3] for k, v in beside.items()}})
+    assert contents(sb) == before
