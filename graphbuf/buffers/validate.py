@@ -105,14 +105,12 @@ def _typed(
     if tp is torch.Tensor or tp is torch.nn.Parameter:
         what = _odd(src) or ("a 0-d tensor" if src.dim() == 0 else None)
         if what is not None:
-            raise layout.fail(
-                RefreshError, name, label, f"{what}; allowed: a dense {slot.ndim}-D tensor (strided layout)"
-            )
+            msg = f"{what}; allowed: a dense {slot.ndim}-D tensor (strided layout)"
+            raise layout.fail(RefreshError, name, label, msg)
         on_device = src.device.type != "cpu"
         if on_device and (device.type == "cpu" or src.device != device):
-            raise layout.fail(
-                RefreshError, name, label, f"source is on {src.device}; allowed: host memory or {device}"
-            )
+            msg = f"source is on {src.device}; allowed: host memory or {device}"
+            raise layout.fail(RefreshError, name, label, msg)
         _check_cast(slot, src.dtype, name, label)
         host = src.detach()
         if not on_device:  # bfloat16 (numpy has none) as float32
@@ -147,9 +145,8 @@ def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.nd
     if tp is np.ndarray or ((tp is torch.Tensor or tp is torch.nn.Parameter) and _odd(values) is None):
         nd = values.ndim
         if nd > 1:
-            raise Layout.fail(
-                RefreshError, name, label, f"values of shape {list(values.shape)}; pass one row (1-D)"
-            )
+            msg = f"values of shape {list(values.shape)}; pass one row (1-D)"
+            raise Layout.fail(RefreshError, name, label, msg)
         row = values.reshape(1) if nd == 0 else values
         src = row.reshape(1, -1) if slot.ndim == 2 else row
     elif tp is list or tp is tuple:
@@ -171,20 +168,16 @@ def _fitted(
     cap_rows, cap_cols = layout.capacity(slot, size)
     if rows > cap_rows:
         held = "capture size" if size in slot.capacity else "an eager step of"
-        raise layout.fail(
-            RowsError, name, label,
-            f"{rows} live rows, but {held} {size} holds {cap_rows} (rows = {b.rows.text})",
-        )  # fmt: skip
+        msg = f"{rows} live rows, but {held} {size} holds {cap_rows} (rows = {b.rows.text})"
+        raise layout.fail(RowsError, name, label, msg)
     width = 0
     if slot.ndim == 2:
         width = shape[1]
         if width > cap_cols:
             if b.overflow == "reject":
-                raise layout.fail(
-                    WidthError, name, label,
-                    f"source is {width} wide, above the captured allocation of {cap_cols} columns "
-                    f"(cols = {b.cols.text}); overflow: reject",  # type: ignore[union-attr]
-                )  # fmt: skip
+                msg = f"source is {width} wide, above the captured allocation of {cap_cols} columns"
+                msg = f"{msg} (cols = {b.cols.text}); overflow: reject"  # type: ignore[union-attr]
+                raise layout.fail(WidthError, name, label, msg)
             width = cap_cols
             src = src[:, :cap_cols]
     if isinstance(src, torch.Tensor):
@@ -228,9 +221,8 @@ def _check_cast(slot: ResolvedBuffer, dtype: np.dtype | torch.dtype, name: str, 
 def _check_layout(slot: ResolvedBuffer, src: np.ndarray | torch.Tensor, name: str, label: str) -> None:
     """``src`` (host or device) has the buffer's rank and contiguous last-dim elements."""
     if src.ndim != slot.ndim:
-        raise Layout.fail(
-            RefreshError, name, label, f"expected {slot.ndim}-D source, got shape {list(src.shape)}"
-        )
+        msg = f"expected {slot.ndim}-D source, got shape {list(src.shape)}"
+        raise Layout.fail(RefreshError, name, label, msg)
     if not src.ndim or src.shape[-1] <= 1:
         return
     if isinstance(src, np.ndarray):  # numpy gives empty arrays zero strides: only a non-empty one is strided
@@ -238,11 +230,8 @@ def _check_layout(slot: ResolvedBuffer, src: np.ndarray | torch.Tensor, name: st
     else:
         apart = f"stride {src.stride(-1)}" if src.stride(-1) != 1 else ""
     if apart:
-        raise Layout.fail(
-            RefreshError, name, label,
-            f"source elements are strided ({apart} in the last dim); pass rows with contiguous elements (a "
-            "transposed source is a layout bug)",
-        )  # fmt: skip
+        msg = f"source elements are strided ({apart} in the last dim); pass rows with contiguous elements"
+        raise Layout.fail(RefreshError, name, label, f"{msg} (a transposed source is a layout bug)")
 
 
 def check_typed(slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str) -> None:
@@ -267,9 +256,8 @@ def _from_list(slot: ResolvedBuffer, src: list | tuple, name: str, label: str) -
     if ints is not None and kind == "O":  # integers past 64 bits
         _check_ints(slot, min(ints), max(ints), name, label)
     if kind not in "biuf":
-        raise Layout.fail(
-            RefreshError, name, label, f"list holds {arr.dtype} values; allowed: numbers of one shape"
-        )
+        msg = f"list holds {arr.dtype} values; allowed: numbers of one shape"
+        raise Layout.fail(RefreshError, name, label, msg)
     if ints is not None:  # numpy promotes a uint64 beside a Python int to float64: int64, or uint64 above it
         dtype = np.uint64 if max(ints) > np.iinfo(np.int64).max and min(ints) >= 0 else np.int64
         with contextlib.suppress(OverflowError):  # a negative beside one above int64: floats, refused
@@ -287,27 +275,21 @@ def _from_list(slot: ResolvedBuffer, src: list | tuple, name: str, label: str) -
     finfo = torch.finfo(slot.plan.dtype)
     if arr.dtype.kind in "iu":  # integers must convert exactly (257 is not a bfloat16, 2049 not a float16)
         back = torch.from_numpy(arr.astype(np.float64)).to(slot.plan.dtype).to(torch.float64).numpy()
-        bad = np.flatnonzero(back != arr)
+        bad = np.argwhere(back != arr)
         if bad.size:
-            at = list(np.unravel_index(bad[0], arr.shape))
-            raise Layout.fail(
-                RefreshError, name, label,
-                f"value {arr.flat[bad[0]]} at index {[int(i) for i in at]} is not exactly representable in "
-                f"{logical} (it would become {back.flat[bad[0]]:g})",
-            )  # fmt: skip
+            at = tuple(bad[0])
+            msg = f"value {arr[at]} at index {bad[0].tolist()} is not exactly representable in {logical}"
+            raise Layout.fail(RefreshError, name, label, f"{msg} (it would become {back[at]:g})")
         return arr
     mag = np.abs(arr[np.isfinite(arr)])
     big = float(mag.max(initial=0.0))
     if big > finfo.max:
-        raise Layout.fail(
-            RefreshError, name, label, f"value {big:g} does not fit {logical} (largest finite {finfo.max:g})"
-        )
+        msg = f"value {big:g} does not fit {logical} (largest finite {finfo.max:g})"
+        raise Layout.fail(RefreshError, name, label, msg)
     tiny = float(mag[mag > 0].min(initial=np.inf))
     if tiny < finfo.smallest_normal:
-        raise Layout.fail(
-            RefreshError, name, label,
-            f"value {tiny:g} underflows {logical} (smallest normal {finfo.smallest_normal:g})",
-        )  # fmt: skip
+        msg = f"value {tiny:g} underflows {logical} (smallest normal {finfo.smallest_normal:g})"
+        raise Layout.fail(RefreshError, name, label, msg)
     return arr
 
 
@@ -400,17 +382,12 @@ def live_requests(
         if live is None:
             live = _requests_of_rows(layout, slot, rows, size)
             if live is None:
-                raise Layout.fail(
-                    RefreshError, slot.name, label,
-                    f"{rows} rows match no live request count (rows = {slot.plan.rows.text})",
-                )  # fmt: skip
+                msg = f"{rows} rows match no live request count (rows = {slot.plan.rows.text})"
+                raise Layout.fail(RefreshError, slot.name, label, msg)
             source = slot.name
         elif (want := layout.rows_at(slot, size, live)) != rows:
-            raise Layout.fail(
-                RefreshError, slot.name, label,
-                f"{rows} rows, but {source} implies {live} live requests, so {want} rows "
-                f"(rows = {slot.plan.rows.text})",
-            )  # fmt: skip
+            msg = f"{rows} rows, but {source} implies {live} live requests, so {want} rows"
+            raise Layout.fail(RefreshError, slot.name, label, f"{msg} (rows = {slot.plan.rows.text})")
     if live is None:
         raise _no_count(label)
     return live
