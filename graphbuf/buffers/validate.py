@@ -1,6 +1,5 @@
 """Validation of one source (type, safe dtype cast, layout, rows and width against the capacity, NaN and
-``min``/``max``, reading only the live values), and of the call's request count and widths. Nothing here
-writes memory."""
+``min``/``max`` of the live values only), of the request count and of widths. Nothing here writes memory."""
 
 from __future__ import annotations
 
@@ -162,8 +161,7 @@ def _fitted(
 ) -> Prepared:
     """The typed source against the capacity at ``size`` (a width above it clipped or rejected by
     ``overflow``), then its values against the bounds (a device source's only if ``strict``)."""
-    shape = tuple(src.shape)
-    rows = shape[0]
+    rows = src.shape[0]
     b = slot.plan
     cap_rows, cap_cols = layout.capacity(slot, size)
     if rows > cap_rows:
@@ -172,7 +170,7 @@ def _fitted(
         raise layout.fail(RowsError, name, label, msg)
     width = 0
     if slot.ndim == 2:
-        width = shape[1]
+        width = src.shape[1]
         if width > cap_cols:
             if b.overflow == "reject":
                 msg = f"source is {width} wide, above the captured allocation of {cap_cols} columns"
@@ -205,7 +203,6 @@ def _odd(t: torch.Tensor) -> str | None:
 
 
 def _check_cast(slot: ResolvedBuffer, dtype: np.dtype | torch.dtype, name: str, label: str) -> None:
-    """``dtype`` (numpy's or torch's) casts safely to the buffer's."""
     np_dtype = NP_OF_TORCH.get(dtype) if isinstance(dtype, torch.dtype) else dtype
     if dtype is torch.bfloat16:
         ok = slot.bf16 or slot.np_dtype in _FLOAT32_UP
@@ -241,9 +238,8 @@ def check_typed(slot: ResolvedBuffer, arr: np.ndarray, name: str, label: str) ->
 
 
 def _from_list(slot: ResolvedBuffer, src: list | tuple, name: str, label: str) -> np.ndarray:
-    """A list's values, accepted exactly when each converts to the buffer's dtype as a value-safe cast:
-    integers exactly, floats without overflow or underflow (a nonzero value that would become 0 or
-    subnormal); floats never into integer buffers."""
+    """A list's values, accepted when each converts to the buffer's dtype exactly (integers) or without
+    overflow or underflow to 0 or a subnormal (floats); floats never into integer buffers."""
     try:
         arr = np.asarray(src)
     except (ValueError, TypeError, OverflowError) as exc:
@@ -252,7 +248,11 @@ def _from_list(slot: ResolvedBuffer, src: list | tuple, name: str, label: str) -
         shape = (0, 0) if arr.shape == (0,) and slot.ndim == 2 else arr.shape
         arr = arr.astype(slot.np_dtype).reshape(shape)
     logical, kind = dtype_name(slot.plan.dtype), arr.dtype.kind
-    ints = _ints(src) if (kind == "O" and slot.kind in "iu") or (kind == "f" and slot.kind != "f") else None
+    ints = None  # every value as a Python int, if each is an integer (bools are not)
+    if (kind == "O" and slot.kind in "iu") or (kind == "f" and slot.kind != "f"):
+        items = np.asarray(src, dtype=object).ravel()
+        if all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in items):
+            ints = [int(v) for v in items]
     if ints is not None and kind == "O":  # integers past 64 bits
         _check_ints(slot, min(ints), max(ints), name, label)
     if kind not in "biuf":
@@ -293,16 +293,7 @@ def _from_list(slot: ResolvedBuffer, src: list | tuple, name: str, label: str) -
     return arr
 
 
-def _ints(src: list | tuple) -> list[int] | None:
-    """Every value of the list as a Python int, or None if one is not an integer (bools are not)."""
-    items = np.asarray(src, dtype=object).ravel()
-    if all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in items):
-        return [int(v) for v in items]
-    return None
-
-
 def _check_ints(slot: ResolvedBuffer, amin: int, amax: int, name: str, label: str) -> None:
-    """Integers from ``amin`` to ``amax`` fit the buffer's integer (or bool) dtype."""
     info = np.iinfo(slot.np_dtype) if slot.kind != "b" else None
     lo, hi = (0, 1) if info is None else (int(info.min), int(info.max))
     if amin < lo or amax > hi:
@@ -396,9 +387,8 @@ def live_requests(
 def check_widths(widths: Any, wide: frozenset[str], label: str) -> dict[str, int]:
     """``widths`` (name → live width of a bound 2-D buffer) as ints; bool, float and str rejected."""
     if type(widths) is not dict and not isinstance(widths, Mapping):  # the ABC check is slow
-        raise RefreshError(
-            f"{label}: widths must be a mapping of buffer name to width, got {type(widths).__name__}"
-        )
+        got = type(widths).__name__
+        raise RefreshError(f"{label}: widths must be a mapping of buffer name to width, got {got}")
     out = {}
     for name, w in widths.items():
         if name not in wide:
