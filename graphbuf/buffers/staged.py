@@ -33,8 +33,7 @@ _FEW = 8  # up to this many runs are expanded one arange each
 
 
 def _expand(runs: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
-    """Flat indices of ``runs``, [start, stop) pairs, in order (a few runs: one ``arange`` each, cheaper than
-    the cumulative sums)."""
+    """Flat indices of ``runs``, [start, stop) pairs, in order (a few: one ``arange`` each, cheaper)."""
     if len(runs) <= _FEW:
         pairs = runs.tolist() if isinstance(runs, np.ndarray) else runs
         return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in pairs] or [_EMPTY])
@@ -50,20 +49,15 @@ def _is_int(x: Any) -> bool:
 
 
 class _Checks:
-    """The stage-time checks of one staged buffer: every write's arguments in plain form (int rows and
-    columns inside the allocation; values and indices fresh contiguous 1-D arrays owned here), or the error
-    naming what is wrong. The Python host state runs them on every write, the native one
-    (``graphbuf.buffers._native.Staged``) on any argument it does not take as it is. ``top``, ``cols``: the
-    buffer's high-water mark (rows from ``top`` and columns from ``cols`` hold the pad)."""
+    """One staged buffer's stage-time checks: a write's arguments in plain form (int rows and columns inside
+    the allocation; values and indices fresh contiguous 1-D arrays owned here) or the error naming what is
+    wrong; the Python host state runs them on every write, the native one (``_native.Staged``) on what it
+    does not take as it is. ``top``, ``cols``: the buffer's high-water mark (past them: the pad)."""
 
     def __init__(self, slot: ResolvedBuffer, host: np.ndarray, guard: Exclusive, top: int, cols: int) -> None:
-        self.slot = slot
-        self.name = slot.name
-        self.guard = guard
-        self.state = host  # the host state: the whole allocation, numpy element type of the slot
-        self.flat = host.reshape(-1)
-        self.rows = host.shape[0]
-        self.wide = host.ndim == 2
+        self.slot, self.name, self.guard = slot, slot.name, guard
+        self.state, self.flat = host, host.reshape(-1)  # the host state: the whole allocation
+        self.rows, self.wide = host.shape[0], host.ndim == 2
         self.width = host.shape[1] if self.wide else 1
         self.lens = None  # 2-D: per row, the columns that may differ from the pad (the rest is pad)
         if self.wide:
@@ -199,9 +193,8 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
     does to them afterwards reaches the host state. A 1-D buffer's "row" is one element: :meth:`set`
     writes a run of elements from ``row``.
 
-    This class is the Python host state; with the native kernel, :meth:`graphbuf.StaticBuffers.stage`
-    returns ``graphbuf.buffers._native.Staged`` (a registered StagedBuffer): the same methods, bytes and
-    errors.
+    This class is the Python host state; with the native kernel ``stage()`` returns
+    ``graphbuf.buffers._native.Staged`` (a registered StagedBuffer): the same methods, bytes and errors.
     """
 
     host = property(_Checks.host_view)
@@ -231,8 +224,7 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
         return sum(b - a for a, b in self.runs) + sum(c.size for c in self.cells)
 
     def changed_into(self, out: np.ndarray) -> None:
-        """Every changed flat index into ``out``; a cell staged twice appears twice (deduplicating costs more
-        than writing it twice)."""
+        """Every changed flat index into ``out``; a cell staged twice appears twice (cheaper than dedup)."""
         out[:] = np.concatenate([*self.cells, _expand(self.runs)])
 
     def set(self, row: Any, values: Any, col: Any = 0) -> None:
@@ -247,8 +239,7 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
             self._set(r, arr, int(self.lens[r]))  # type: ignore[index]
 
     def _set(self, r: int, arr: np.ndarray, c: int, grow: bool = True) -> None:
-        """``arr`` into row ``r`` from column ``c`` (1-D: elements from ``r``), the run recorded, the row's
-        length and the column mark raised; ``grow``: the rows written below :attr:`top`."""
+        """``arr`` into row ``r`` from column ``c`` (1-D: elements from ``r``); ``grow``: raise ``top``."""
         k = arr.shape[0]
         start = r * self.width + c
         self.flat[start : start + k] = arr
@@ -260,8 +251,7 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
             self.top = max(self.top, r + (1 if self.wide else k))
 
     def _put_row(self, r: int, arr: np.ndarray, grow: bool = True) -> None:
-        """Row ``r`` becomes ``arr``, the rest of its used width the pad (1-D: element ``r`` becomes
-        ``arr[0]``), as :meth:`_set` from column 0."""
+        """Row ``r`` becomes ``arr``, the rest of its used width the pad (1-D: element ``r``)."""
         if self.wide:
             k, old = arr.shape[0], int(self.lens[r])  # type: ignore[index]
             if old > k:
@@ -332,10 +322,8 @@ class StagedWrites:
     def __init__(
         self, layout: Layout, committer: Committer, full: Mapping[str, torch.Tensor], guard: Exclusive
     ) -> None:
-        self.layout = layout
-        self.guard = guard
-        self._commit = committer
-        self._full = full
+        self.layout, self.guard = layout, guard
+        self._commit, self._full = committer, full
         self._handles: dict[str, StagedBuffer] = {}  # the handles: the host states themselves
         self._checks: dict[str, _Checks] = {}  # their checks (a Python host state is its own)
         self.names: frozenset[str] = frozenset()
@@ -344,7 +332,6 @@ class StagedWrites:
         # The C staged commit, when every host state is native (and, uploaded, packs as 4-byte words):
         # the host states, their in-place targets and their offsets in slab words.
         self._native: tuple[list[Any], list[Any], list[int]] | None = None
-        self._marks = committer.marks  # the committer's own lists (read by the C check)
         self._kernel = layout.backend.staged  # the host state's kind: the backend's
         if self._kernel is not None:
             StagedBuffer.register(self._kernel.Staged)  # the native host state is a StagedBuffer
@@ -391,9 +378,8 @@ class StagedWrites:
         return h
 
     def host_sources(self, names: Iterable[str], size: int, n: int) -> dict[str, np.ndarray]:
-        """Copies of the host states of staged buffers ``names`` for a step of ``n`` requests at ``size``
-        tokens (an eager step reads them; nothing is committed). A step needing more rows than the
-        allocation holds gets them all, and its check names the shortfall."""
+        """Copies of the host states of ``names`` for an eager step of ``n`` requests at ``size`` tokens; one
+        needing more rows than the allocation holds gets them all (its check names the shortfall)."""
         out = {}
         for name in names:
             c = self._checks[name]
@@ -402,11 +388,10 @@ class StagedWrites:
         return out
 
     def commit(self, prepared: list[Prepared], size: int, n: int, label: str) -> None:
-        """A refresh's writes at ``size`` tokens and ``n`` live requests: every staged value checked (nothing
-        written if one fails), then one plan applied by :meth:`Committer.apply` (the full sources
-        ``prepared``, checked already, then the staged cells); the host states then forget their changes. The
-        check runs in C when every host state is native and no staged buffer is given whole; otherwise (and
-        to name an error) :meth:`check` runs."""
+        """A refresh at ``size`` tokens and ``n`` live requests: every staged value checked (nothing written
+        if one fails; in C when every host state is native and none is given whole, else and to name an error
+        by :meth:`check`), then :meth:`Committer.apply` writes ``prepared`` and the staged cells, and the host
+        states forget their changes."""
         commit, handles, native = self._commit, self._handles, self._native
         if not handles:
             commit.apply(size, prepared)
@@ -416,7 +401,7 @@ class StagedWrites:
                 if p[0].name in handles:
                     break  # a staged buffer given whole: the Python commit takes its host state
             else:
-                rows, cols = self._marks
+                rows, cols = commit.marks  # the committer's own lists
                 if self._kernel.commit(native[0], n, rows, cols, native[1], False) is True:  # type: ignore[union-attr]
                     if not commit.apply(size, prepared, (), native, n):  # not packed: its checks passed in C
                         cells = self.check((), size, n, label)
@@ -435,8 +420,7 @@ class StagedWrites:
     def check(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[Cells]:
         """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
         writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error."""
-        handles, layout = self._handles, self.layout
-        fits = layout.backend.fits
+        handles, layout, fits = self._handles, self.layout, self.layout.backend.fits
         given = {p.slot.name for p in prepared}
         for name in given.intersection(handles):
             if handles[name].pending:
@@ -476,8 +460,7 @@ class StagedWrites:
         return cells
 
     def _absorb(self, p: Prepared) -> None:
-        """A refresh gave a staged buffer whole: the host state takes its write (:func:`write_live`: the
-        live values, the rest pad)."""
+        """A refresh gave a staged buffer whole: the host state takes its write (:func:`write_live`)."""
         slot, src, dev, n, w = p
         h, m = self._handles[slot.name], self._checks[slot.name]
         if m.wide:
