@@ -1,7 +1,6 @@
 """The bound front-end: host buffers given once (vLLM's ``CpuGpuBuffer`` style), refreshed by live request
-count. A refresh takes each source's live rows (its ``rows`` rule at ``num_reqs``) and live width and checks
-their values; anything else goes through :func:`graphbuf.buffers.validate.check_source`, so bound and mapping
-refreshes give the same errors for the same values.
+count: each source's live rows (its ``rows`` rule at ``num_reqs``) and live width, checked as
+:func:`graphbuf.buffers.validate.check_source` checks a mapping's source (same errors for the same values).
 
 Invariants:
   * a bound torch tensor keeps its address, shape and strides, a bound numpy array its shape and strides
@@ -31,8 +30,6 @@ from graphbuf.buffers.validate import (
 from graphbuf.errors import AddressChangedError, RefreshError, RowsError
 
 __all__ = ["BoundSources"]
-
-_NO_WIDTHS: dict[str, int] = {}  # never written
 
 #: A bound source as each refresh reads it: (slot, numpy array, name, its rows, its columns or None if 1-D).
 _Entry = tuple[ResolvedBuffer, np.ndarray, str, int, int | None]
@@ -109,7 +106,7 @@ class BoundSources:
         its values checked as a mapping's unless ``device`` is None (then passed whole, unchecked)."""
         layout = self._layout
         self.check_moved(label)
-        w_of = check_widths(widths, self._wide, label) if widths else _NO_WIDTHS
+        w_of = check_widths(widths, self._wide, label) if widths else {}
         fits = layout.backend.fits
         out: list[Prepared] = []
         for slot, arr, name, held, width in self._entries:

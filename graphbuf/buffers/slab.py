@@ -60,16 +60,14 @@ class StaticBuffers:
         spec: a :class:`GraphSpec`, a spec path or shipped name, or an existing :class:`Plan`.
         device: where the slab lives (``"cpu"``, ``"cuda[:N]"``, ``"npu[:N]"``).
         overrides: constant overrides (e.g. ``{"num_blocks": n}``), applied before planning.
-        poison: fill the slab with :func:`poison_value` sentinels instead of the pad values, so a read of a
-            row that was never written shows up.
-        strict: also check value bounds (``min``/``max``) and NaN of device-resident sources, which costs a
-            device sync. Host sources are always checked.
+        poison: fill the slab with :func:`poison_value` sentinels, not the pads: a never-written row shows.
+        strict: also check NaN and ``min``/``max`` of device-resident sources (a device sync); host sources
+            are always checked.
         max_bytes: the slab limit (default: the spec's ``limits.max_bytes``).
-        upload_copies: host copies of the slab each refresh's upload is assembled in, used in turn; must be
-            at least the number of refreshes in flight (issued, their uploads not finished). Default 2 on an
-            accelerator; on the cpu None writes the slab in place, and N uploads through N copies as an
-            accelerator would. Uploads run as non-blocking copies on the device's current stream. (Not the
-            staged writes of :meth:`stage`.)
+        upload_copies: host copies of the slab that uploads are assembled in, in turn: at least the refreshes
+            in flight (issued, upload not finished). Default 2 on an accelerator; on the cpu None writes the
+            slab in place, N uploads as an accelerator would. Uploads are non-blocking copies on the device's
+            current stream. (Not the staged writes of :meth:`stage`.)
         staging: the former name of ``upload_copies`` (deprecated).
     """
 
@@ -87,32 +85,30 @@ class StaticBuffers:
     ) -> None:
         self.device = resolve_device(device, f"StaticBuffers(device={device!r})")
         copies = _upload_copies(upload_copies, staging, self.device)
-        self.plan: Plan = (
-            spec if isinstance(spec, Plan) else plan(spec, overrides=overrides, max_bytes=max_bytes)
-        )
+        p = spec if isinstance(spec, Plan) else plan(spec, overrides=overrides, max_bytes=max_bytes)
+        self.plan: Plan = p
         self.strict = strict
         try:
-            self.slab = torch.empty(self.plan.total_bytes, dtype=torch.uint8, device=self.device)
+            self.slab = torch.empty(p.total_bytes, dtype=torch.uint8, device=self.device)
         except RuntimeError as exc:  # the allocator refused it (torch.OutOfMemoryError is a RuntimeError)
             raise PlanTooLargeError(
-                f"{self.plan.spec.name}: the slab of {self.plan.total_bytes} bytes (limits.max_bytes "
-                f"{self.plan.max_bytes}) cannot be allocated on {self.device}: {str(exc).splitlines()[0]}. "
+                f"{p.spec.name}: the slab of {p.total_bytes} bytes (limits.max_bytes "
+                f"{p.max_bytes}) cannot be allocated on {self.device}: {str(exc).splitlines()[0]}. "
                 "Lower limits.max_bytes to what the device holds, or shrink the constants that size the "
                 "buffers."
             ) from None
         full: dict[str, torch.Tensor] = {}
-        for b in self.plan.buffers:
+        for b in p.buffers:
             pad = poison_value(b.dtype) if poison else 0 if b.pad == "repeat_last" else b.pad
             full[b.name] = self.slab[b.offset : b.offset + b.nbytes].view(b.dtype).view(b.shape).fill_(pad)
         self._full = MappingProxyType(full)
-        p = self.plan
         self._views: dict[int, Mapping[str, torch.Tensor]] = {}
         for s in p.capture_sizes:  # each buffer's leading rows (and columns) at s
             views = {b.name: full[b.name][tuple(map(slice, p.shape_at(b, s)))] for b in p.buffers}
             self._views[s] = MappingProxyType(views)
         # The backend, chosen here once (graphbuf.buffers.backend): nothing else decides.
-        self.layout = Layout(self.plan, chosen())
-        self._labels = {s: where("refresh", s) for s in self.plan.capture_sizes}  # not formatted per call
+        self.layout = Layout(p, chosen())
+        self._labels = {s: where("refresh", s) for s in p.capture_sizes}  # not formatted per call
         self._commit = Committer(self.layout, self.slab, full, copies=copies, dirty=poison)
         self._guard = Exclusive(
             "{call}: another thread is using these StaticBuffers (or BoundSources bound to them); use one "
@@ -175,20 +171,18 @@ class StaticBuffers:
         widths: Mapping[str, int] | None = None,
         strict: bool | None = None,
     ) -> int:
-        """Write ``sources`` into the buffers captured at ``size``; return the live request count. The one
-        refresh: every other way in (``BoundSources.refresh``, :class:`graphbuf.GraphRunner`) calls this.
+        """Write ``sources`` into the buffers captured at ``size``; return the live request count. Every other
+        way in (``BoundSources.refresh``, :class:`graphbuf.GraphRunner`) calls this.
 
         ``sources``: a mapping of buffer name to torch tensor, numpy array or list, on the host or on this
-        device (every buffer not declared ``keep: true``; the live request count comes from the rows, or
-        ``num_reqs``, and all must agree), read once; or the :class:`BoundSources` from :meth:`bind` (then
-        ``num_reqs`` is required and ``widths`` gives 2-D live widths). Everything is validated first; on
-        any :class:`graphbuf.RefreshError` (or :class:`graphbuf.AddressChangedError` for a bound source
-        changed in place) no byte changes.
-
-        After a valid refresh with n live rows and source width w: rows ``[:n, :w]`` equal the source,
-        ``[:n, w:]`` and rows ``[n:]`` equal the pad value (``repeat_last``: the last live row, up to the
-        rows captured at ``size``). Cost: the live cells plus the cells earlier refreshes dirtied
-        (:attr:`stats`).
+        device, read once (every buffer not declared ``keep: true``; the live request count comes from the
+        rows or ``num_reqs``, and all must agree); or :class:`BoundSources` from :meth:`bind` (``num_reqs``
+        required, ``widths`` the 2-D live widths). Everything is validated first: on any
+        :class:`graphbuf.RefreshError` (or :class:`graphbuf.AddressChangedError` for a bound source changed
+        in place) no byte changes. After a valid refresh with n live rows of source width w, ``[:n, :w]``
+        equals the source, ``[:n, w:]`` and rows ``[n:]`` the pad (``repeat_last``: the last live row, up
+        to the rows captured at ``size``). Cost (:attr:`stats`): the live cells and those earlier refreshes
+        dirtied.
         """
         guard = self._guard
         guard.enter("refresh()")
@@ -217,19 +211,34 @@ class StaticBuffers:
         num_reqs: int | None = None,
         widths: Mapping[str, int] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Fresh device tensors for an eager step of ``size`` tokens (above the largest capture size, or a
-        size that runs eagerly), validated exactly as :meth:`refresh` validates (same errors and messages,
-        labelled ``eager(size=N)``) and padded as a refresh pads. Buffers not given (``keep: true``) are
-        the largest capture's views; staged buffers left out of a mapping (with ``num_reqs``) give their
-        host state, staged writes included, which stay staged for the next refresh. No byte of the slab
-        changes. The step's tensors are bounded by the spec's ``limits.max_bytes`` (checked before anything
-        is allocated), and ``num_reqs`` by ``size``."""
+        """Fresh device tensors for an eager step of ``size`` tokens, validated and padded as :meth:`refresh`
+        does (same errors, labelled ``eager(size=N)``); no byte of the slab changes. Buffers not given
+        (``keep: true``) are the largest capture's views; staged buffers left out of a mapping (with
+        ``num_reqs``) give their host state, staged writes included (they stay staged). The tensors are
+        bounded by ``limits.max_bytes`` (checked before anything is allocated), ``num_reqs`` by ``size``."""
         with self._guard.hold("eager_inputs()"):
             n = count_of(size)
             if n is None or n < 1:
                 raise RefreshError(f"eager(size={size!r}): allowed: a token count >= 1")
             label = where("eager", n)
-            reqs = self._check_eager(label, n, num_reqs)
+            limit = self.plan.max_bytes
+            try:
+                need = self.layout.eager_bytes(n, limit)
+            except ExprError as exc:
+                raise RefreshError(
+                    f"{label}: the buffers' shapes cannot be evaluated at {n} tokens: {exc}"
+                ) from None
+            if need > limit:
+                raise RefreshError(
+                    f"{label}: an eager step of {n} tokens needs more than limits.max_bytes ({limit} bytes) "
+                    "of inputs; allowed: a step whose inputs fit the spec's limits.max_bytes"
+                )
+            cap = n // self.layout.tokens_per_request
+            reqs = None if num_reqs is None else check_num_reqs(num_reqs, None, label)
+            if reqs is not None and reqs > cap:
+                raise RowsError(
+                    f"{label}: num_reqs={reqs}, but an eager step of {n} tokens holds 0..{cap} requests"
+                )
             staged = self._staged.names
             if staged and reqs is not None and isinstance(sources, Mapping):
                 left_out = staged.difference(sources)
@@ -239,29 +248,6 @@ class StaticBuffers:
             out = build_eager(self.layout, prepared, n, self.device)
             largest = self._views[self.capture_sizes[-1]]
             return {name: out[name] if name in out else largest[name] for name in self.names}
-
-    def _check_eager(self, label: str, size: int, num_reqs: Any) -> int | None:
-        """An eager step of ``size`` tokens fits ``limits.max_bytes`` and holds ``num_reqs`` requests;
-        returns ``num_reqs`` checked (None if not given)."""
-        limit = self.plan.max_bytes
-        try:
-            need = self.layout.eager_bytes(size, limit)
-        except ExprError as exc:
-            raise RefreshError(
-                f"{label}: the buffers' shapes cannot be evaluated at {size} tokens: {exc}"
-            ) from None
-        if need > limit:
-            raise RefreshError(
-                f"{label}: an eager step of {size} tokens needs more than limits.max_bytes ({limit} bytes) "
-                "of inputs; allowed: a step whose inputs fit the spec's limits.max_bytes"
-            )
-        cap = size // self.layout.tokens_per_request
-        n = None if num_reqs is None else check_num_reqs(num_reqs, None, label)
-        if n is not None and n > cap:
-            raise RowsError(
-                f"{label}: num_reqs={n}, but an eager step of {size} tokens holds 0..{cap} requests"
-            )
-        return n
 
     def _prepare(
         self, label: str, size: int, sources: Any, num_reqs: Any, widths: Any, strict: Any, required: Any
@@ -273,10 +259,8 @@ class StaticBuffers:
         return sources.prepare(size, num_reqs, widths, label, strict=strict, device=self.device)
 
     def hold(self, call: str) -> Exclusive:
-        """These buffers' guard, taken for ``call`` until the ``with`` block that follows ends: meanwhile
-        every other call on them (a refresh, a staged write or commit, a bind) raises
-        :class:`graphbuf.ConcurrentUseError`. :meth:`graphbuf.GraphRunner.capture` holds it while it
-        captures and, after a failed size, restores the buffers."""
+        """These buffers' guard, taken for ``call`` until the ``with`` block ends: meanwhile every other call
+        on them (a refresh, a staged write or commit, a bind) raises :class:`graphbuf.ConcurrentUseError`."""
         return self._guard.hold(call)
 
     def stage(self, name: str) -> StagedBuffer:
@@ -287,9 +271,8 @@ class StaticBuffers:
             return self._staged.buffer(name)
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
-        """Bind persistent host ``sources`` once; refresh them with ``refresh(size, bound, num_reqs=n)``
-        (see :mod:`graphbuf.buffers.bound`). Each bound source must keep its address and shape for as long
-        as it is bound; every buffer not declared ``keep: true`` must be bound."""
+        """Bind persistent host ``sources`` once, to refresh with ``refresh(size, bound, num_reqs=n)``: see
+        :class:`BoundSources` (each source keeps its address and shape while bound)."""
         with self._guard.hold("bind()"):
             return BoundSources(self, self.layout, sources)
 
@@ -301,8 +284,7 @@ class StaticBuffers:
 
 
 def _upload_copies(copies: Any, staging: Any, device: torch.device) -> int | None:
-    """``upload_copies=`` checked (``staging=``, its former name, still accepted with a warning); the
-    default is 2 on an accelerator, None (in place) on the cpu."""
+    """``upload_copies=`` checked, or its default (``staging=``: its former name, with a warning)."""
     name = "upload_copies"
     if staging is not None:
         if copies is not None:
