@@ -92,19 +92,13 @@ class BoundSources:
                 )
 
     def prepare(
-        self, size: int, num_reqs: Any, widths: Any, label: str, *, strict: bool, device: torch.device
+        self, size: int, num_reqs: Any, widths: Any, label: str, *, strict: bool, device: torch.device | None
     ) -> tuple[list[Prepared], int]:
         """Validate the live rows and widths of every bound source at ``size`` tokens (a capture size, or
-        any count for an eager step); return them prepared and the live request count."""
-        n = check_num_reqs(num_reqs, self._layout.max_requests.get(size, None), label, size)
-        return self._read(size, n, widths, label, strict, device), n
-
-    def _read(
-        self, size: int, n: int, widths: Any, label: str, strict: bool, device: torch.device | None
-    ) -> list[Prepared]:
-        """Every bound source at ``n`` requests of ``size`` tokens after the moved, widths and rows checks,
-        its values checked as a mapping's unless ``device`` is None (then passed whole, unchecked)."""
+        any count for an eager step), and their values unless ``device`` is None (:meth:`sources`: each
+        source passed whole); return them prepared and the live request count."""
         layout = self._layout
+        n = check_num_reqs(num_reqs, layout.max_requests.get(size, None), label, size)
         self.check_moved(label)
         w_of = check_widths(widths, self._wide, label) if widths else {}
         fits = layout.backend.fits
@@ -136,7 +130,7 @@ class BoundSources:
             else:  # check_source names what is wrong, or cuts the width, as for a mapping
                 live = arr[:rows, :w] if width is not None else arr[:rows]
                 out.append(check_source(layout, name, live, size, label, strict, device))
-        return out
+        return out, n
 
     def refresh(self, size: int, num_reqs: int, *, widths: Mapping[str, int] | None = None) -> int:
         """Shorthand for ``buffers.refresh(size, self, num_reqs=num_reqs, widths=widths)``."""
@@ -147,7 +141,9 @@ class BoundSources:
         checks): what an eager step would read."""
         label = "sources()"
         n = check_num_reqs(num_reqs, None, label)
-        live = self._read(n * self._layout.tokens_per_request, n, widths, label, False, None)
+        live, _ = self.prepare(
+            n * self._layout.tokens_per_request, n, widths, label, strict=False, device=None
+        )
         return {s.name: a[:rows, :w] if s.ndim == 2 else a[:rows] for s, a, _, rows, w in live}
 
     def __repr__(self) -> str:
