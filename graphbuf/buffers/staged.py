@@ -59,10 +59,8 @@ class _Checks:
         self.state, self.flat = host, host.reshape(-1)  # the host state: the whole allocation
         self.rows, self.wide = host.shape[0], host.ndim == 2
         self.width = host.shape[1] if self.wide else 1
-        self.lens = None  # 2-D: per row, the columns that may differ from the pad (the rest is pad)
-        if self.wide:
-            self.lens = np.zeros(self.rows, dtype=np.int64)
-            self.lens[:top] = cols
+        # 2-D: per row, the columns that may differ from the pad (the rest is pad)
+        self.lens = np.where(np.arange(self.rows) < top, np.int64(cols), 0) if self.wide else None
 
     def host_view(self) -> np.ndarray:
         """The host state, read-only (its base cannot be made writable; bfloat16 is refused, so values are
@@ -103,19 +101,15 @@ class _Checks:
         elif self.wide:
             self._run("set_row", 0, arr.shape[0], self.width, "columns", WidthError)
         elif arr.shape[0] != 1:
-            raise RefreshError(
-                f"set_row(): buffer {self.name!r} is 1-D; a row is one value, got {arr.shape[0]}"
-            )
+            raise RefreshError(f"set_row(): buffer {self.name!r} is 1-D; a row is one value, got {len(arr)}")
         return r, arr
 
     def _scatter_args(self, rows: Any, values: Any, cols: Any) -> tuple[Any, ...]:
         r, lo, hi = self._indices(rows, "rows", RowsError)
         arr = check_row(self.slot, values, self.name, "scatter()")
-        if arr.shape[0] != r.shape[0]:
-            raise RefreshError(
-                f"scatter(): buffer {self.name!r}: {r.shape[0]} rows but {arr.shape[0]} values"
-            )
-        if not r.shape[0]:
+        if len(arr) != len(r):
+            raise RefreshError(f"scatter(): buffer {self.name!r}: {len(r)} rows but {len(arr)} values")
+        if not len(r):
             return None, None, None
         self._within("scatter", lo, hi, self.rows, "row", RowsError)
         if not self.wide:
@@ -125,8 +119,8 @@ class _Checks:
         if cols is None:
             raise RefreshError(f"scatter(): buffer {self.name!r} is 2-D; pass cols=")
         c, clo, chi = self._indices(cols, "cols", WidthError)
-        if c.shape[0] != r.shape[0]:
-            raise RefreshError(f"scatter(): buffer {self.name!r}: {r.shape[0]} rows but {c.shape[0]} cols")
+        if len(c) != len(r):
+            raise RefreshError(f"scatter(): buffer {self.name!r}: {len(r)} rows but {len(c)} cols")
         self._within("scatter", clo, chi, self.width, "column", WidthError)
         return r.astype(np.int64), arr, c.astype(np.int64)
 
@@ -288,9 +282,8 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
         with self.guard.hold("swap_rows()"):
             i, j = self._normalize("swap_rows", a, b)
             if i != j:
-                vi, vj = self._row_values(i), self._row_values(j)
-                self._put_row(i, vj)
-                self._put_row(j, vi)
+                for r, vals in ((i, self._row_values(j)), (j, self._row_values(i))):
+                    self._put_row(r, vals)
 
     def scatter(self, rows: Any, values: Any, cols: Any = None) -> None:
         """Many cells at once: cell ``(rows[i], cols[i])`` (1-D: element ``rows[i]``) becomes ``values[i]``.
@@ -327,10 +320,8 @@ class StagedWrites:
         self._handles: dict[str, StagedBuffer] = {}  # the handles: the host states themselves
         self._checks: dict[str, _Checks] = {}  # their checks (a Python host state is its own)
         self.names: frozenset[str] = frozenset()
-        #: The buffers a refresh must be given: the required ones not staged.
-        self.required: frozenset[str] = layout.required
-        # The C staged commit, when every host state is native (and, uploaded, packs as 4-byte words):
-        # the host states, their in-place targets and their offsets in slab words.
+        self.required: frozenset[str] = layout.required  # what a refresh must be given: required, not staged
+        # C's staged commit (every host state native; uploaded: 4-byte words): cores, targets, word offsets
         self._native: tuple[list[Any], list[Any], list[int]] | None = None
         self._kernel = layout.backend.staged  # the host state's kind: the backend's
         if self._kernel is not None:
@@ -342,12 +333,8 @@ class StagedWrites:
         if isinstance(name, str) and name in self._handles:
             return self._handles[name]
         slot = self.layout.slot("stage()", name)
-        why = None
-        if slot.repeat_last:
-            why = "is padded repeat_last"
-        elif slot.bf16:
-            why = "is bfloat16"
-        elif slot.ndim == 2 and len({c[1] for c in slot.capacity.values()}) > 1:
+        why = "is padded repeat_last" if slot.repeat_last else "is bfloat16" if slot.bf16 else None
+        if why is None and len({c[1] for c in slot.capacity.values()}) > 1:  # 1-D: every width 0
             why = "has a width that differs between capture sizes"
         if why is not None:
             raise self.layout.fail(
@@ -388,10 +375,8 @@ class StagedWrites:
         return out
 
     def commit(self, prepared: list[Prepared], size: int, n: int, label: str) -> None:
-        """A refresh at ``size`` tokens and ``n`` live requests: every staged value checked (nothing written
-        if one fails; in C when every host state is native and none is given whole, else and to name an error
-        by :meth:`check`), then :meth:`Committer.apply` writes ``prepared`` and the staged cells, and the host
-        states forget their changes."""
+        """A refresh at ``size`` tokens and ``n`` live requests (the module's rule): the staged cells
+        checked (in C where it can, else by :meth:`check`), then applied with ``prepared``."""
         commit, handles, native = self._commit, self._handles, self._native
         if not handles:
             commit.apply(size, prepared)
@@ -418,8 +403,7 @@ class StagedWrites:
                 self._absorb(p)
 
     def check(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[Cells]:
-        """Check every staged buffer left out of ``prepared`` for a commit of ``n`` requests at ``size``;
-        writes nothing. A buffer in ``prepared`` with uncommitted staged writes is an error."""
+        """The checked cells of the staged buffers not in ``prepared`` at ``n`` requests; writes nothing."""
         handles, layout, fits = self._handles, self.layout, self.layout.backend.fits
         given = {p.slot.name for p in prepared}
         for name in given.intersection(handles):
@@ -431,13 +415,11 @@ class StagedWrites:
                 )  # fmt: skip
         cells = []
         for name, h in handles.items():
-            if name in given:
-                continue
             m = self._checks[name]
             slot, w = m.slot, m.width
             live = layout.rows_at(slot, size, n)
             shown, cols = self._commit.mark(slot.index)  # rows [:shown] hold host[:shown]; the rest pad
-            if not h.pending and live == shown:
+            if name in given or (not h.pending and live == shown):
                 continue
             keep = min(live, shown)
             one = h.single() if live <= shown else None
@@ -455,8 +437,9 @@ class StagedWrites:
             vals = m.flat[idx]
             if vals.size and (slot.bounded or slot.kind == "f") and not fits(slot, vals, vals.size, 0):
                 check_values(layout, slot, m.state[:live], name, label)  # raises: a full refresh's message
-            colmark = h.colmax if m.wide and live else 0
-            cells.append(Cells(slot, idx, vals, live, max(shown, live), cols, colmark))
+            cells.append(
+                Cells(slot, idx, vals, live, max(shown, live), cols, h.colmax if m.wide and live else 0)
+            )
         return cells
 
     def _absorb(self, p: Prepared) -> None:
