@@ -85,21 +85,15 @@ def check_source(
         host = src.detach().numpy() if src.requires_grad else src.numpy()
     if host is not None and host.dtype in slot.fast:  # no dtype work, integer values
         return layout.backend.accept(layout, slot, name, host, size, label, strict)
-    return _fitted(layout, slot, name, _typed(layout, slot, name, src, label, device), size, label, strict)
-
-
-def accept_typed(
-    layout: Layout, slot: ResolvedBuffer, name: str, host: np.ndarray, size: int, label: str, strict: bool
-) -> Prepared:
-    """:meth:`graphbuf.buffers.backend.Backend.accept`: a host source of a dtype in ``slot.fast``."""
-    _check_layout(slot, host, name, label)
-    return _fitted(layout, slot, name, host, size, label, strict)
+    typed = _typed(layout, slot, name, src, label, device)
+    return accept_typed(layout, slot, name, typed, size, label, strict)
 
 
 def _typed(
     layout: Layout, slot: ResolvedBuffer, name: str, src: Any, label: str, device: torch.device
 ) -> np.ndarray | torch.Tensor:
-    """``src`` as host values or a tensor on ``device``, after the type, dtype and layout checks."""
+    """``src`` as host values or a tensor on ``device``, after the type and dtype checks (a list's layout and
+    values too)."""
     tp = type(src)
     if tp is torch.Tensor or tp is torch.nn.Parameter:
         what = _odd(src) or ("a 0-d tensor" if src.dim() == 0 else None)
@@ -114,10 +108,9 @@ def _typed(
         host = src.detach()
         if not on_device:  # bfloat16 (numpy has none) as float32
             host = (host if src.dtype in NP_OF_TORCH else host.to(torch.float32)).numpy()
-        _check_layout(slot, host, name, label)
         return host
     if tp is np.ndarray:
-        check_typed(slot, src, name, label)
+        _check_cast(slot, src.dtype, name, label)
         return src
     if isinstance(src, (list, tuple)):
         return _from_list(slot, src, name, label)
@@ -153,14 +146,17 @@ def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.nd
     elif isinstance(values, (numbers.Number, np.generic)) and not isinstance(values, (str, bytes)):
         src = [[values]] if slot.ndim == 2 else [values]
     host = _typed(Layout, slot, name, src, label, _CPU)  # type: ignore[arg-type]
+    _check_layout(slot, host, name, label)
     return np.array(host, dtype=slot.np_dtype, order="C").reshape(-1)
 
 
-def _fitted(
+def accept_typed(
     layout: Layout, slot: ResolvedBuffer, name: str, src: Any, size: int, label: str, strict: bool
 ) -> Prepared:
-    """The typed source against the capacity at ``size`` (a width above it clipped or rejected by
-    ``overflow``), then its values against the bounds (a device source's only if ``strict``)."""
+    """A typed source (host values, or a tensor on the slab's device) against the buffer's layout and the
+    capacity at ``size`` (a width above it clipped or rejected by ``overflow``), then its values against the
+    bounds (a device source's only if ``strict``). Also :meth:`graphbuf.buffers.backend.Backend.accept`."""
+    _check_layout(slot, src, name, label)
     rows = src.shape[0]
     b = slot.plan
     cap_rows, cap_cols = layout.capacity(slot, size)
