@@ -157,11 +157,6 @@ class _Checks:
         integers, and their least and greatest value as given (never wrapped). Empty: (array, 0, -1)."""
         if type(x) is torch.Tensor and x.device.type == "cpu" and x.layout == torch.strided:
             x = x.detach().resolve_neg().resolve_conj().numpy()
-        if type(x) is np.ndarray:
-            if x.dtype.kind not in "iu":
-                raise err(f"scatter(): buffer {self.name!r}: {what} of dtype {x.dtype}; allowed: integers")
-            flat = np.array(x, order="C").reshape(-1)  # a copy: the caller may reuse its array
-            return (flat, int(flat.min()), int(flat.max())) if flat.size else (flat, 0, -1)
         if _is_int(x):
             x = [x]
         if type(x) is list or type(x) is tuple:
@@ -169,10 +164,14 @@ class _Checks:
                 if not _is_int(v):
                     raise err(f"scatter(): buffer {self.name!r}: {what}[{i}] = {v!r} is not an integer")
             ints = [int(v) for v in x]
-            lo, hi = (min(ints), max(ints)) if ints else (0, -1)
-            if lo < -(2**63) or hi >= 2**63:  # outside int64: no array holds them; the range check names them
-                ints = [0] * len(ints)
-            return np.array(ints, dtype=np.int64), lo, hi
+            if ints and not -(2**63) <= min(ints) <= max(ints) < 2**63:  # past int64: no array holds them,
+                return np.zeros(len(ints), np.int64), min(ints), max(ints)  # the range check names them
+            x = np.array(ints, dtype=np.int64)
+        if type(x) is np.ndarray:
+            if x.dtype.kind not in "iu":
+                raise err(f"scatter(): buffer {self.name!r}: {what} of dtype {x.dtype}; allowed: integers")
+            flat = np.array(x, order="C").reshape(-1)  # a copy: the caller may reuse its array
+            return (flat, int(flat.min()), int(flat.max())) if flat.size else (flat, 0, -1)
         raise err(
             f"scatter(): buffer {self.name!r}: {what} of type {type(x).__name__}; allowed: a list or array "
             "of integers, or one int"
@@ -356,12 +355,11 @@ class StagedWrites:
         self.names = frozenset(self._handles)
         self.required = self.layout.required.difference(self.names)
         slots = [c.slot for c in self._checks.values()]
-        self._native = None
-        if kernel is not None and (
-            not commit.uploads or all(s.itemsize % 4 == 0 and s.plan.offset % 4 == 0 for s in slots)
-        ):  # uploaded, C packs the cells as 4-byte slab words: every staged buffer must be
-            targets = [None if commit.uploads else commit.flat(s.index) for s in slots]
-            self._native = (list(self._handles.values()), targets, [s.plan.offset // 4 for s in slots])
+        # uploaded, C packs the cells as 4-byte slab words: every staged buffer must be
+        packs = not commit.uploads or all(s.itemsize % 4 == 0 and s.plan.offset % 4 == 0 for s in slots)
+        targets = [None if commit.uploads else commit.flat(s.index) for s in slots]
+        native = (list(self._handles.values()), targets, [s.plan.offset // 4 for s in slots])
+        self._native = native if kernel is not None and packs else None
         return h
 
     def host_sources(self, names: Iterable[str], size: int, n: int) -> dict[str, np.ndarray]:
