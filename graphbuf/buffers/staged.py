@@ -89,17 +89,17 @@ class _Checks:
                 raise WidthError(f"set(): buffer {self.name!r}: 1-D buffer; col must be 0, got {col!r}")
             r = self._row(row, "set")
             if self.wide:
-                return r, arr, self._run("set", col, arr.shape[0], self.width, "columns", WidthError)
-            self._run("set", r, arr.shape[0], self.rows, "rows", RowsError)
+                return r, arr, self._run("set", col, arr.shape[0], self.width, "column", WidthError)
+            self._run("set", r, arr.shape[0], self.rows, "row", RowsError)
             return r, arr, 0
         if op == "append" and self.lens is None:
             raise RefreshError(f"append(): buffer {self.name!r} is 1-D; use set(row, values)")
         r = self._row(args[0], op)
         arr = check_row(self.slot, args[1], self.name, "set()" if op == "append" else "set_row()")
         if op == "append":
-            self._run("set", int(self.lens[r]), arr.shape[0], self.width, "columns", WidthError)  # type: ignore[index]
+            self._run("set", int(self.lens[r]), arr.shape[0], self.width, "column", WidthError)  # type: ignore[index]
         elif self.wide:
-            self._run("set_row", 0, arr.shape[0], self.width, "columns", WidthError)
+            self._run("set_row", 0, arr.shape[0], self.width, "column", WidthError)
         elif arr.shape[0] != 1:
             raise RefreshError(f"set_row(): buffer {self.name!r} is 1-D; a row is one value, got {len(arr)}")
         return r, arr
@@ -134,22 +134,20 @@ class _Checks:
         self._within(op, r, r, self.rows, "row", RowsError)
         return r
 
-    def _within(self, op: str, lo: int, hi: int, limit: int, what: str, err: type[RefreshError]) -> None:
-        """Indices ``lo``..``hi`` (a row or column each) lie inside the allocation's ``limit``."""
+    def _within(
+        self, op: str, lo: int, hi: int, limit: int, what: str, err: type[RefreshError], run: bool = False
+    ) -> None:
+        """Rows or columns ``lo``..``hi`` inside the allocation's ``limit`` (``run``: named as one run)."""
         if lo < 0 or hi >= limit:
+            at = f"s {lo}..{hi} reach" if run else f" {lo if lo < 0 else hi}"
             raise err(
-                f"{op}(): buffer {self.name!r}: {what} {lo if lo < 0 else hi} outside the captured "
-                f"allocation of {limit} {what}s"
+                f"{op}(): buffer {self.name!r}: {what}{at} outside the captured allocation of {limit} {what}s"
             )
 
     def _run(self, op: str, start: Any, k: int, limit: int, what: str, err: type[RefreshError]) -> int:
         """``start`` as an int: the first of ``k`` rows or columns inside the allocation's ``limit``."""
-        s = self._int(op, start, what[:-1], err)
-        if s < 0 or s + k > limit:
-            raise err(
-                f"{op}(): buffer {self.name!r}: {what} {s}..{s + k - 1} reach outside the captured "
-                f"allocation of {limit} {what}"
-            )
+        s = self._int(op, start, what, err)
+        self._within(op, s, s + k - 1, limit, what, err, run=True)
         return s
 
     def _indices(self, x: Any, what: str, err: type[RefreshError]) -> tuple[np.ndarray, int, int]:
