@@ -49,9 +49,8 @@ class BoundSources:
         self.buffers = buffers
         self._layout = layout
         if not isinstance(sources, Mapping):
-            raise RefreshError(
-                f"bind(): sources must be a mapping of buffer name to source, got {type(sources).__name__}"
-            )
+            msg = f"bind(): sources must be a mapping of buffer name to source, got {type(sources).__name__}"
+            raise RefreshError(msg)
         items = list(sources.items())  # read once
         entries: list[_Entry] = []
         tensors, arrays = [], []  # what check_moved watches: a tensor's own numpy view never changes
@@ -115,9 +114,8 @@ class BoundSources:
             if width is not None:
                 w = w_of.get(name, width)
                 if not 0 <= w <= width:
-                    raise layout.fail(
-                        RefreshError, name, label, f"width {w} outside the bound source's 0..{width} columns"
-                    )
+                    msg = f"width {w} outside the bound source's 0..{width} columns"
+                    raise layout.fail(RefreshError, name, label, msg)
             if device is None:
                 out.append(prepared(slot, arr, None, rows, w))
                 continue
@@ -177,10 +175,10 @@ def _bound_array(layout: Layout, name: Any, src: Any) -> tuple[ResolvedBuffer, n
         arr = src.detach().numpy()
     check_typed(slot, arr, name, label)
     need = max(c[0] for c in slot.capacity.values())
-    if arr.ndim == 0 or arr.shape[0] < need:
+    if arr.shape[0] < need:  # check_typed refused a 0-d source
         raise layout.fail(
             RowsError, name, label,
-            f"source has {arr.shape[0] if arr.ndim else 0} rows; the largest capture reads up to "
-            f"{need} (rows = {slot.plan.rows.text})",
+            f"source has {arr.shape[0]} rows; the largest capture reads up to {need} (rows = "
+            f"{slot.plan.rows.text})",
         )  # fmt: skip
     return slot, arr

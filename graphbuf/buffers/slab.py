@@ -10,23 +10,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphbuf.buffers import (
-    BoundSources,
-    Committer,
-    Layout,
-    Prepared,
-    RefreshStats,
-    Source,
-    StagedBuffer,
-    StagedWrites,
-    build_eager,
-    check_num_reqs,
-    chosen,
-    count_of,
-    prepare_mapping,
-    read_call,
-    where,
-)
+from graphbuf.buffers.backend import chosen
+from graphbuf.buffers.bound import BoundSources
+from graphbuf.buffers.commit import Committer, RefreshStats
+from graphbuf.buffers.eager import build_eager
+from graphbuf.buffers.layout import Layout, where
+from graphbuf.buffers.mapping import prepare_mapping, read_call
+from graphbuf.buffers.staged import StagedBuffer, StagedWrites
+from graphbuf.buffers.validate import Prepared, Source, check_num_reqs, count_of
 from graphbuf.devices import resolve_device
 from graphbuf.errors import PlanTooLargeError, RefreshError, RowsError, UsageError
 from graphbuf.exclusive import Exclusive
@@ -225,9 +216,8 @@ class StaticBuffers:
             try:
                 need = self.layout.eager_bytes(n, limit)
             except ExprError as exc:
-                raise RefreshError(
-                    f"{label}: the buffers' shapes cannot be evaluated at {n} tokens: {exc}"
-                ) from None
+                msg = f"{label}: the buffers' shapes cannot be evaluated at {n} tokens: {exc}"
+                raise RefreshError(msg) from None
             if need > limit:
                 raise RefreshError(
                     f"{label}: an eager step of {n} tokens needs more than limits.max_bytes ({limit} bytes) "
@@ -236,9 +226,8 @@ class StaticBuffers:
             cap = n // self.layout.tokens_per_request
             reqs = None if num_reqs is None else check_num_reqs(num_reqs, None, label)
             if reqs is not None and reqs > cap:
-                raise RowsError(
-                    f"{label}: num_reqs={reqs}, but an eager step of {n} tokens holds 0..{cap} requests"
-                )
+                msg = f"{label}: num_reqs={reqs}, but an eager step of {n} tokens holds 0..{cap} requests"
+                raise RowsError(msg)
             staged = self._staged.names
             if staged and reqs is not None and isinstance(sources, Mapping):
                 left_out = staged.difference(sources)
