@@ -259,3 +259,13 @@ def test_a_bound_array_whose_dtype_is_reassigned_in_place_is_checked_as_a_mappin
     with pytest.raises(RefreshError, match=msg):
         sb.refresh(4, {"lens": lens[:3], **{k: v[:3] for k, v in beside.items()}})
     assert contents(sb) == before
+
+
+@pytest.mark.parametrize("src", [np.array(3, np.int32), torch.tensor(3, dtype=torch.int32)])
+def test_a_0_d_source_is_refused_at_bind_by_its_rank(src: object) -> None:
+    """A 0-d array or tensor is refused by bind's rank check (``check_typed``) before its rows check, which
+    therefore never sees a 0-d source."""
+    sb = buffers({"x": {"dtype": "int32", "rows": "requests"}}, sizes=[4])
+    with pytest.raises(RefreshError) as err:
+        sb.bind({"x": src})
+    assert str(err.value) == "bind(): buffer 'x': expected 1-D source, got shape []"
