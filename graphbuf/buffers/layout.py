@@ -73,8 +73,7 @@ class Layout:
         capacity = {s: self._shape(b, s) for s in p.capture_sizes}
         rows_of_requests = requests_of_rows = None
         if b.rows.names & {"tokens", "requests"}:
-            largest = p.capture_sizes[-1] // p.tokens_per_request
-            rows_of_requests = tuple(self._rows(b, r) for r in range(largest + 1))
+            rows_of_requests = tuple(self._rows(b, r) for r in range(max(self.max_requests.values()) + 1))
             requests_of_rows = {n: r for r, n in reversed(list(enumerate(rows_of_requests)))}  # the fewest
         repeat_last = b.pad == "repeat_last"
         pad = host_value(0 if repeat_last else b.pad, b.dtype, np_dtype)

@@ -135,11 +135,10 @@ def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.nd
     tp = type(values)
     src = values
     if tp is np.ndarray or ((tp is torch.Tensor or tp is torch.nn.Parameter) and _odd(values) is None):
-        nd = values.ndim
-        if nd > 1:
+        if values.ndim > 1:
             msg = f"values of shape {list(values.shape)}; pass one row (1-D)"
             raise Layout.fail(RefreshError, name, label, msg)
-        row = values.reshape(1) if nd == 0 else values
+        row = values if values.ndim else values.reshape(1)
         src = row.reshape(1, -1) if slot.ndim == 2 else row
     elif tp is list or tp is tuple:
         src = [values] if slot.ndim == 2 else values
@@ -261,12 +260,10 @@ def _from_list(slot: ResolvedBuffer, src: list | tuple, name: str, label: str) -
     if arr.dtype.kind == "f" and slot.kind != "f":
         raise Layout.fail(RefreshError, name, label, f"list holds floats; {logical} takes integers")
     _check_layout(slot, arr, name, label)
-    if not arr.size or arr.dtype.kind == "b":
+    if not arr.size or arr.dtype.kind == "b" or slot.plan.dtype == torch.float64:
         return arr
     if slot.kind in "iub":
         _check_ints(slot, int(arr.min()), int(arr.max()), name, label)
-        return arr
-    if slot.plan.dtype == torch.float64:
         return arr
     finfo = torch.finfo(slot.plan.dtype)
     if arr.dtype.kind in "iu":  # integers must convert exactly (257 is not a bfloat16, 2049 not a float16)
@@ -357,12 +354,10 @@ def requests_hint(layout: Layout, sources: Mapping[str, Any], label: str) -> int
     raise _no_count(label)
 
 
-def live_requests(
-    layout: Layout, prepared: list[Prepared], size: int, num_reqs: int | None, label: str
-) -> int:
+def live_requests(layout: Layout, items: list[Prepared], size: int, num_reqs: int | None, label: str) -> int:
     """The live request count every source's rows agree on (with ``num_reqs`` when given)."""
     live, source = num_reqs, "num_reqs"
-    for slot, _, _, rows, _ in prepared:
+    for slot, _, _, rows, _ in items:
         table = slot.rows_of_requests
         if table is None or (live is not None and live < len(table) and table[live] == rows):  # agreed
             continue
