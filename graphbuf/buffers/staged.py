@@ -1,14 +1,13 @@
 """Staged writes: say what changed in a buffer's host state; the next refresh checks and writes only that.
 
-A staged buffer (:meth:`graphbuf.StaticBuffers.stage`) has a *host state*, its whole allocation, which takes
-the buffer's contents at the first ``stage()``; writes change it at once and record the changed cells. The
-next ``refresh(size, sources, num_reqs=n)`` that leaves the buffer out of ``sources`` commits it after the
-full sources: the buffer then holds what a full refresh with source ``host[:rows]`` (the spec's rows at
-``n``) would write, and only the changed cells of live rows, the used width of rows entering the live range
-and the cells the high-water marks clear are checked (a full refresh's rules and messages) and written. A
-commit that raises writes nothing; its writes stay staged. A buffer given whole takes that source as its
-host state (an error with uncommitted writes). ``repeat_last``, ``bfloat16`` and buffers whose width differs
-between capture sizes are refreshed whole.
+A staged buffer's *host state* (:meth:`graphbuf.StaticBuffers.stage`) is its whole allocation, taken from
+the buffer at the first ``stage()``; writes change it at once and record the changed cells. A
+``refresh(size, sources, num_reqs=n)`` that leaves it out of ``sources`` commits it after them as a full
+refresh with source ``host[:rows]`` (the spec's rows at ``n``) would, checking (a full refresh's rules and
+messages) and writing only the changed cells of live rows, the used width of rows entering the live range
+and the cells the high-water marks clear; a commit that raises writes nothing and its writes stay staged.
+A buffer given whole takes that source as its host state (an error with uncommitted writes). Buffers that
+are ``repeat_last``, ``bfloat16`` or of a width that differs between capture sizes are refreshed whole.
 """
 
 from __future__ import annotations
@@ -29,14 +28,12 @@ from graphbuf.exclusive import Exclusive
 __all__ = ["StagedBuffer", "StagedWrites"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-_FEW = 8  # up to this many runs are expanded one arange each
 
 
 def _expand(runs: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
-    """Flat indices of ``runs``, [start, stop) pairs, in order (a few: one ``arange`` each, cheaper)."""
-    if len(runs) <= _FEW:
-        pairs = runs.tolist() if isinstance(runs, np.ndarray) else runs
-        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in pairs] or [_EMPTY])
+    """Flat indices of ``runs``, [start, stop) pairs, in order (up to 8: one ``arange`` each, cheaper)."""
+    if len(runs) <= 8:
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs] or [_EMPTY])
     runs = np.asarray(runs, dtype=np.int64)
     starts, lengths = runs[:, 0], runs[:, 1] - runs[:, 0]  # an empty run repeats nothing
     ends = np.cumsum(lengths)
@@ -50,9 +47,8 @@ def _is_int(x: Any) -> bool:
 
 class _Checks:
     """One staged buffer's stage-time checks: a write's arguments in plain form (int rows and columns inside
-    the allocation; values and indices fresh contiguous 1-D arrays owned here) or the error naming what is
-    wrong; the Python host state runs them on every write, the native one (``_native.Staged``) on what it
-    does not take as it is. ``top``, ``cols``: the buffer's high-water mark (past them: the pad)."""
+    the allocation; values and indices fresh 1-D arrays owned here) or the error naming what is wrong; run by
+    the Python host state on every write, by ``_native.Staged`` on what it does not take as it is."""
 
     def __init__(self, slot: ResolvedBuffer, host: np.ndarray, guard: Exclusive, top: int, cols: int) -> None:
         self.slot, self.name, self.guard = slot, slot.name, guard
@@ -90,8 +86,7 @@ class _Checks:
             r = self._row(row, "set")
             if self.wide:
                 return r, arr, self._run("set", col, arr.shape[0], self.width, "column", WidthError)
-            self._run("set", r, arr.shape[0], self.rows, "row", RowsError)
-            return r, arr, 0
+            return self._run("set", r, arr.shape[0], self.rows, "row", RowsError), arr, 0
         if op == "append" and self.lens is None:
             raise RefreshError(f"append(): buffer {self.name!r} is 1-D; use set(row, values)")
         r = self._row(args[0], op)
@@ -442,9 +437,8 @@ class StagedWrites:
         """A refresh gave a staged buffer whole: the host state takes its write (:func:`write_live`)."""
         slot, src, dev, n, w = p
         h, m = self._handles[slot.name], self._checks[slot.name]
-        if m.wide:
-            m.lens[:n] = w  # type: ignore[index]
-            m.lens[n : max(n, h.top)] = 0  # type: ignore[index]
+        if m.wide:  # rows at and past top have length 0 already
+            m.lens[:] = np.where(np.arange(m.rows) < n, w, 0)  # type: ignore[index]
         src = dev.detach().cpu().numpy() if src is None else src  # type: ignore[union-attr]
         h.top, h.colmax = write_live(m.state, src, slot, n, w, n, h.top, h.colmax)
         h.clear()
