@@ -28,6 +28,8 @@ from graphbuf.exclusive import Exclusive
 __all__ = ["StagedBuffer", "StagedWrites"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_Error = type[RefreshError]  # RowsError for rows, WidthError for columns
+_BOTH = "has staged writes; pass it whole or leave it out (its staged writes are then committed), not both"
 
 
 def _expand(runs: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
@@ -119,7 +121,7 @@ class _Checks:
         self._within("scatter", clo, chi, self.width, "column", WidthError)
         return r.astype(np.int64), arr, c.astype(np.int64)
 
-    def _int(self, op: str, x: Any, what: str, err: type[RefreshError]) -> int:
+    def _int(self, op: str, x: Any, what: str, err: _Error) -> int:
         if not _is_int(x):
             raise err(f"{op}(): buffer {self.name!r}: {what} {x!r} is not an integer")
         return int(x)
@@ -129,23 +131,21 @@ class _Checks:
         self._within(op, r, r, self.rows, "row", RowsError)
         return r
 
-    def _within(
-        self, op: str, lo: int, hi: int, limit: int, what: str, err: type[RefreshError], run: bool = False
-    ) -> None:
-        """Rows or columns ``lo``..``hi`` inside the allocation's ``limit`` (``run``: named as one run)."""
-        if lo < 0 or hi >= limit:
+    def _within(self, op: str, lo: int, hi: int, cap: int, what: str, err: _Error, run: bool = False) -> None:
+        """Rows or columns ``lo``..``hi`` inside the allocation's ``cap`` (``run``: named as one run)."""
+        if lo < 0 or hi >= cap:
             at = f"s {lo}..{hi} reach" if run else f" {lo if lo < 0 else hi}"
             raise err(
-                f"{op}(): buffer {self.name!r}: {what}{at} outside the captured allocation of {limit} {what}s"
+                f"{op}(): buffer {self.name!r}: {what}{at} outside the captured allocation of {cap} {what}s"
             )
 
-    def _run(self, op: str, start: Any, k: int, limit: int, what: str, err: type[RefreshError]) -> int:
-        """``start`` as an int: the first of ``k`` rows or columns inside the allocation's ``limit``."""
+    def _run(self, op: str, start: Any, k: int, cap: int, what: str, err: _Error) -> int:
+        """``start`` as an int: the first of ``k`` rows or columns inside the allocation's ``cap``."""
         s = self._int(op, start, what, err)
-        self._within(op, s, s + k - 1, limit, what, err, run=True)
+        self._within(op, s, s + k - 1, cap, what, err, run=True)
         return s
 
-    def _indices(self, x: Any, what: str, err: type[RefreshError]) -> tuple[np.ndarray, int, int]:
+    def _indices(self, x: Any, what: str, err: _Error) -> tuple[np.ndarray, int, int]:
         """Scatter's ``rows`` or ``cols`` under :func:`_is_int`'s rule: a fresh flat array of the given
         integers, and their least and greatest value as given (never wrapped). Empty: (array, 0, -1)."""
         if type(x) is torch.Tensor and x.device.type == "cpu" and x.layout == torch.strided:
@@ -202,8 +202,7 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
         return self.runs[0] if len(self.runs) == 1 and not self.cells else None
 
     def clear(self) -> None:
-        self.runs.clear()
-        self.cells.clear()
+        self.runs, self.cells = [], []
 
     @property
     def nchanged(self) -> int:
@@ -320,8 +319,7 @@ class StagedWrites:
             StagedBuffer.register(self._kernel.Staged)  # the native host state is a StagedBuffer
 
     def buffer(self, name: Any) -> StagedBuffer:
-        """The staged-write handle of buffer ``name`` (made on first use: its host state then takes the
-        buffer's current contents)."""
+        """The staged-write handle of buffer ``name``, made on first use from the buffer's contents."""
         if isinstance(name, str) and name in self._handles:
             return self._handles[name]
         slot = self.layout.slot("stage()", name)
@@ -343,8 +341,7 @@ class StagedWrites:
                 host, checks.lens, slot.pad.tobytes(), slot.lo, slot.hi, slot.rows_of_requests, slot.index,
                 self.guard.lock, cols if checks.wide else 0, top, checks, np.ndarray,
             )  # fmt: skip
-        self._handles[name] = h
-        self._checks[name] = checks
+        self._handles[name], self._checks[name] = h, checks
         self.names = frozenset(self._handles)
         self.required = self.layout.required.difference(self.names)
         slots = [c.slot for c in self._checks.values()]
@@ -399,11 +396,7 @@ class StagedWrites:
         given = {p.slot.name for p in prepared}
         for name in given.intersection(handles):
             if handles[name].pending:
-                raise layout.fail(
-                    RefreshError, name, label,
-                    "has staged writes; pass it whole or leave it out (its staged writes are then "
-                    "committed), not both",
-                )  # fmt: skip
+                raise layout.fail(RefreshError, name, label, _BOTH)
         cells = []
         for name, h in handles.items():
             m = self._checks[name]
