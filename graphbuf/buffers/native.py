@@ -1,6 +1,5 @@
-"""The C kernel: :data:`KERNEL` is ``graphbuf.buffers._native`` (``_native.c``, ``_staged.c``), or None when
-the install had no C compiler or ``GRAPHBUF_NATIVE=0`` was set before import. Only
-:func:`graphbuf.buffers.backend.chosen` reads it."""
+""":data:`KERNEL`: the C kernel ``graphbuf.buffers._native`` (``_native.c``, ``_staged.c``), or None without a
+C compiler or with ``GRAPHBUF_NATIVE=0`` set at import; :func:`graphbuf.buffers.backend.chosen` reads it."""
 
 from __future__ import annotations
 

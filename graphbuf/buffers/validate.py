@@ -60,14 +60,13 @@ def prepared(
 _BF16_SAFE_NP = frozenset((np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.int8)))
 _FLOAT32_UP = (np.dtype(np.float32), np.dtype(np.float64))
 _CPU = torch.device("cpu")
+_NO_COUNT = "no source determines the live request count; pass num_reqs="
 
 
 def count_of(n: Any) -> int | None:
     """``n`` as an int if it is an integer (numpy integers included; bool, float and str not), else None."""
-    if isinstance(n, bool):
-        return None
     try:
-        return operator.index(n)
+        return None if isinstance(n, bool) else operator.index(n)
     except TypeError:
         return None
 
@@ -92,8 +91,7 @@ def check_source(
 def _typed(
     layout: Layout, slot: ResolvedBuffer, name: str, src: Any, label: str, device: torch.device
 ) -> np.ndarray | torch.Tensor:
-    """``src`` as host values or a tensor on ``device``, after the type and dtype checks (a list's layout and
-    values too)."""
+    """``src`` as host values or a ``device`` tensor, type and dtype checked (a list: layout, values too)."""
     tp = type(src)
     if tp is torch.Tensor or tp is torch.nn.Parameter:
         what = _odd(src) or ("a 0-d tensor" if src.dim() == 0 else None)
@@ -335,10 +333,6 @@ def _requests_of_rows(layout: Layout, slot: ResolvedBuffer, rows: int, size: int
     return found
 
 
-def _no_count(label: str) -> RefreshError:
-    return RefreshError(f"{label}: no source determines the live request count; pass num_reqs=")
-
-
 def requests_hint(layout: Layout, sources: Mapping[str, Any], label: str) -> int:
     """The live request count the rows of the first source that follows it stand for (the size is not known
     yet): what :class:`graphbuf.GraphRunner` picks a capture size by; the refresh checks every source."""
@@ -351,7 +345,7 @@ def requests_hint(layout: Layout, sources: Mapping[str, Any], label: str) -> int
             n = _requests_of_rows(layout, slot, len(src), None)
             if n is not None:
                 return n
-    raise _no_count(label)
+    raise RefreshError(f"{label}: {_NO_COUNT}")
 
 
 def live_requests(layout: Layout, items: list[Prepared], size: int, num_reqs: int | None, label: str) -> int:
@@ -371,7 +365,7 @@ def live_requests(layout: Layout, items: list[Prepared], size: int, num_reqs: in
             msg = f"{rows} rows, but {source} implies {live} live requests, so {want} rows"
             raise Layout.fail(RefreshError, slot.name, label, f"{msg} (rows = {slot.plan.rows.text})")
     if live is None:
-        raise _no_count(label)
+        raise RefreshError(f"{label}: {_NO_COUNT}")
     return live
 
 
