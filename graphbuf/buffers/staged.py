@@ -27,7 +27,6 @@ from graphbuf.exclusive import Exclusive
 
 __all__ = ["StagedBuffer", "StagedWrites"]
 
-_EMPTY = np.zeros(0, dtype=np.int64)
 _Error = type[RefreshError]  # RowsError for rows, WidthError for columns
 _BOTH = "has staged writes; pass it whole or leave it out (its staged writes are then committed), not both"
 
@@ -35,7 +34,7 @@ _BOTH = "has staged writes; pass it whole or leave it out (its staged writes are
 def _expand(runs: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
     """Flat indices of ``runs``, [start, stop) pairs, in order (up to 8: one ``arange`` each, cheaper)."""
     if len(runs) <= 8:
-        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs] or [_EMPTY])
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs] or [np.zeros(0, np.int64)])
     runs = np.asarray(runs, dtype=np.int64)
     starts, lengths = runs[:, 0], runs[:, 1] - runs[:, 0]  # an empty run repeats nothing
     ends = np.cumsum(lengths)
