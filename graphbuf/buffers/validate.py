@@ -84,12 +84,12 @@ def check_source(
         host = src.detach().numpy() if src.requires_grad else src.numpy()
     if host is not None and host.dtype in slot.fast:  # no dtype work, integer values
         return layout.backend.accept(layout, slot, name, host, size, label, strict)
-    typed = _typed(layout, slot, name, src, label, device)
+    typed = _typed(slot, name, src, label, device)
     return accept_typed(layout, slot, name, typed, size, label, strict)
 
 
 def _typed(
-    layout: Layout, slot: ResolvedBuffer, name: str, src: Any, label: str, device: torch.device
+    slot: ResolvedBuffer, name: str, src: Any, label: str, device: torch.device
 ) -> np.ndarray | torch.Tensor:
     """``src`` as host values or a ``device`` tensor, type and dtype checked (a list: layout, values too)."""
     tp = type(src)
@@ -97,11 +97,11 @@ def _typed(
         what = _odd(src) or ("a 0-d tensor" if src.dim() == 0 else None)
         if what is not None:
             msg = f"{what}; allowed: a dense {slot.ndim}-D tensor (strided layout)"
-            raise layout.fail(RefreshError, name, label, msg)
+            raise Layout.fail(RefreshError, name, label, msg)
         on_device = src.device.type != "cpu"
         if on_device and (device.type == "cpu" or src.device != device):
             msg = f"source is on {src.device}; allowed: host memory or {device}"
-            raise layout.fail(RefreshError, name, label, msg)
+            raise Layout.fail(RefreshError, name, label, msg)
         _check_cast(slot, src.dtype, name, label)
         host = src.detach()
         if not on_device:  # bfloat16 (numpy has none) as float32
@@ -124,7 +124,7 @@ def _typed(
         )
     else:
         why = f"unsupported source type {tp.__name__}; allowed: torch.Tensor, numpy.ndarray, list"
-    raise layout.fail(RefreshError, name, label, why)
+    raise Layout.fail(RefreshError, name, label, why)
 
 
 def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.ndarray:
@@ -142,7 +142,7 @@ def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.nd
         src = [values] if slot.ndim == 2 else values
     elif isinstance(values, (numbers.Number, np.generic)) and not isinstance(values, (str, bytes)):
         src = [[values]] if slot.ndim == 2 else [values]
-    host = _typed(Layout, slot, name, src, label, _CPU)  # type: ignore[arg-type]
+    host = _typed(slot, name, src, label, _CPU)
     _check_layout(slot, host, name, label)
     return np.array(host, dtype=slot.np_dtype, order="C").reshape(-1)
 
