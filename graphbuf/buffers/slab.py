@@ -261,7 +261,7 @@ class StaticBuffers:
 
     def bind(self, sources: Mapping[str, torch.Tensor | np.ndarray]) -> BoundSources:
         """Bind persistent host ``sources`` once, to refresh with ``refresh(size, bound, num_reqs=n)``: see
-        :class:`BoundSources` (each source keeps its address and shape while bound)."""
+        :class:`BoundSources` (each source must keep its address and shape while bound)."""
         with self._guard.hold("bind()"):
             return BoundSources(self, self.layout, sources)
 
