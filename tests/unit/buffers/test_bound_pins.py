@@ -27,9 +27,9 @@ def test_bind_of_a_non_mapping_is_a_refresh_error(given: object) -> None:
 
 
 def test_a_bound_float_buffer_is_checked_for_nan_with_only_two_d_sources() -> None:
-    """bound.py:116 ``if all(e[5] for e in entries)``: the fast path is built only when every source is of a
-    fast dtype; a float buffer (never fast: its values need the NaN check) keeps every refresh on the checked
-    path. Mutants (``any``, or another entry field such as ``e[3]``, "2-D", in the test) let a NaN through."""
+    """bound.py:116 ``if all(e[5] for e in entries)``: a float source (never of an unchecked dtype: its values
+    need the NaN check) goes through ``check_source`` at every refresh, beside an integer one that does not.
+    Mutants (``any``, or another entry field such as ``e[3]``, "2-D", in the test) let a NaN through."""
     sb = buffers(
         {"w": {"dtype": "float32", "rows": "requests", "cols": 2},
          "bt": {"dtype": "int32", "rows": "requests", "cols": 3, "min": 0}},
