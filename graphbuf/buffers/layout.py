@@ -113,8 +113,6 @@ class Layout:
             return self.capacity(slot, size)[0]
         return table[num_reqs] if num_reqs < len(table) else self._rows(slot.plan, num_reqs)
 
-    # Errors that name a buffer or the call.
-
     @staticmethod
     def fail(cls: type[RefreshError], name: str, label: str, msg: str) -> RefreshError:
         return cls(f"{label}: buffer {name!r}: {msg}")

@@ -36,9 +36,8 @@ Source = torch.Tensor | np.ndarray | Sequence[Any]
 
 
 class Prepared(NamedTuple):
-    """One validated source, ready to write: ``host`` (bfloat16 as its int16 bits) or ``dev`` (a tensor on
-    the slab's device) holds it, its live values ``[:rows, :width]`` (1-D: ``[:rows]``); a bound source is
-    passed whole. The C kernel reads it as a 5-tuple."""
+    """One validated source: ``host`` (bfloat16 as int16 bits) or ``dev`` (a tensor on the slab's device)
+    holds its live values ``[:rows, :width]`` (1-D: ``[:rows]``; a bound source whole); C reads a 5-tuple."""
 
     slot: ResolvedBuffer
     host: np.ndarray | None
@@ -150,9 +149,8 @@ def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.nd
 def accept_typed(
     layout: Layout, slot: ResolvedBuffer, name: str, src: Any, size: int, label: str, strict: bool
 ) -> Prepared:
-    """A typed source (host values, or a tensor on the slab's device) against the buffer's layout and the
-    capacity at ``size`` (a width above it clipped or rejected by ``overflow``), then its values against the
-    bounds (a device source's only if ``strict``). Also :meth:`graphbuf.buffers.backend.Backend.accept`."""
+    """A typed source (host values or a device tensor) against the layout and the capacity at ``size`` (a
+    wider source clipped or rejected by ``overflow``), then against the bounds (a device's if ``strict``)."""
     _check_layout(slot, src, name, label)
     rows = src.shape[0]
     b = slot.plan
