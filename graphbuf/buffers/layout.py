@@ -66,11 +66,10 @@ class Layout:
         self.per_group = frozenset(b.spec_name for b in plan.buffers if b.group is not None)
 
     def _slot(self, index: int, b: BufferPlan) -> ResolvedBuffer:
-        p = self.plan
         bf16 = b.dtype == torch.bfloat16
         np_dtype = np.dtype(np.int16) if bf16 else NP_OF_TORCH[b.dtype]
         kind = "f" if bf16 else np_dtype.kind
-        capacity = {s: self._shape(b, s) for s in p.capture_sizes}
+        capacity = {s: self._shape(b, s) for s in self.plan.capture_sizes}
         rows_of_requests = requests_of_rows = None
         if b.rows.names & {"tokens", "requests"}:
             rows_of_requests = tuple(self._rows(b, r) for r in range(max(self.max_requests.values()) + 1))

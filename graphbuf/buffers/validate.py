@@ -135,8 +135,7 @@ def check_row(slot: ResolvedBuffer, values: Any, name: str, label: str) -> np.nd
         if values.ndim > 1:
             msg = f"values of shape {list(values.shape)}; pass one row (1-D)"
             raise Layout.fail(RefreshError, name, label, msg)
-        row = values if values.ndim else values.reshape(1)
-        src = row.reshape(1, -1) if slot.ndim == 2 else row
+        src = values.reshape(1, -1) if slot.ndim == 2 else (values if values.ndim else values.reshape(1))
     elif tp is list or tp is tuple:
         src = [values] if slot.ndim == 2 else values
     elif isinstance(values, (numbers.Number, np.generic)) and not isinstance(values, (str, bytes)):
