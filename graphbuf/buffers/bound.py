@@ -52,23 +52,21 @@ class BoundSources:
             msg = f"bind(): sources must be a mapping of buffer name to source, got {type(sources).__name__}"
             raise RefreshError(msg)
         items = list(sources.items())  # read once
-        entries: list[_Entry] = []
-        tensors, arrays = [], []  # what check_moved watches: a tensor's own numpy view never changes
+        self._entries: list[_Entry] = []
+        self._tensors: list[Any] = []  # what check_moved watches: a tensor's own numpy view never changes
+        self._arrays: list[Any] = []
         for name, src in items:
             slot, arr = _bound_array(layout, name, src)
             if type(src) is torch.Tensor:
-                tensors.append((name, src, src.data_ptr(), src.shape, src.stride()))
+                self._tensors.append((name, src, src.data_ptr(), src.shape, src.stride()))
             else:
-                arrays.append((name, arr, arr.shape, arr.strides))
+                self._arrays.append((name, arr, arr.shape, arr.strides))
             width = arr.shape[1] if slot.ndim == 2 else None
-            entries.append((slot, arr, name, arr.shape[0], width))
+            self._entries.append((slot, arr, name, arr.shape[0], width))
         self.names: tuple[str, ...] = tuple(name for name, _ in items)
         if not layout.required.issubset(self.names):
             raise layout.missing_error("bind()", self.names)
-        self._entries = tuple(entries)
-        self._tensors = tuple(tensors)
-        self._arrays = tuple(arrays)
-        self._wide = frozenset(e[2] for e in entries if e[4] is not None)
+        self._wide = frozenset(e[2] for e in self._entries if e[4] is not None)
 
     def check_moved(self, label: str) -> None:
         """Raise :class:`AddressChangedError` if a bound tensor changed address, shape or strides, or a bound
@@ -103,31 +101,26 @@ class BoundSources:
         fits = layout.backend.fits
         out: list[Prepared] = []
         for slot, arr, name, held, width in self._entries:
-            rows = layout.rows_at(slot, size, n)
+            table = slot.rows_of_requests  # layout.rows_at's rule, its table read inline
+            rows = table[n] if table is not None and n < len(table) else layout.rows_at(slot, size, n)
             if rows > held:
-                raise layout.fail(
-                    RowsError, name, label,
-                    f"{n} requests need {rows} rows (rows = {slot.plan.rows.text}); the bound source has "
-                    f"{held}",
-                )  # fmt: skip
-            w = 0
-            if width is not None:
-                w = w_of.get(name, width)
-                if not 0 <= w <= width:
-                    msg = f"width {w} outside the bound source's 0..{width} columns"
-                    raise layout.fail(RefreshError, name, label, msg)
-            if device is None:
-                out.append(prepared(slot, arr, None, rows, w))
-                continue
-            cap = slot.capacity.get(size)  # None at an eager size
-            plain = cap is not None and rows <= cap[0] and w <= cap[1] and arr.dtype in slot.fast
-            if plain and slot.bounded and rows and (w or width is None):
-                plain = fits(slot, arr, rows, w)
-            if plain:  # the whole source, its live region [:rows, :w]
-                out.append(prepared(slot, arr, None, rows, w))
-            else:  # check_source names what is wrong, or cuts the width, as for a mapping
-                live = arr[:rows, :w] if width is not None else arr[:rows]
-                out.append(check_source(layout, name, live, size, label, strict, device))
+                rule = slot.plan.rows.text
+                msg = f"{n} requests need {rows} rows (rows = {rule}); the bound source has {held}"
+                raise layout.fail(RowsError, name, label, msg)
+            w = 0 if width is None else w_of.get(name, width)
+            if not 0 <= w <= (width or 0):
+                msg = f"width {w} outside the bound source's 0..{width} columns"
+                raise layout.fail(RefreshError, name, label, msg)
+            if device is not None:  # (None: sources(), values unchecked)
+                cap = slot.capacity.get(size)  # None at an eager size
+                plain = cap is not None and rows <= cap[0] and w <= cap[1] and arr.dtype in slot.fast
+                if plain and slot.bounded and rows and (w or width is None):
+                    plain = fits(slot, arr, rows, w)
+                if not plain:  # check_source names what is wrong, or cuts the width, as for a mapping
+                    live = arr[:rows, :w] if width is not None else arr[:rows]
+                    out.append(check_source(layout, name, live, size, label, strict, device))
+                    continue
+            out.append(prepared(slot, arr, None, rows, w))  # the whole source, its live region [:rows, :w]
         return out, n
 
     def refresh(self, size: int, num_reqs: int, *, widths: Mapping[str, int] | None = None) -> int:
@@ -137,11 +130,9 @@ class BoundSources:
     def sources(self, num_reqs: int, widths: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         """The live rows of every bound source at ``num_reqs`` requests (numpy views, no copy, no value
         checks): what an eager step would read."""
-        label = "sources()"
-        n = check_num_reqs(num_reqs, None, label)
-        live, _ = self.prepare(
-            n * self._layout.tokens_per_request, n, widths, label, strict=False, device=None
-        )
+        n = check_num_reqs(num_reqs, None, "sources()")
+        size = n * self._layout.tokens_per_request
+        live, _ = self.prepare(size, n, widths, "sources()", strict=False, device=None)
         return {s.name: a[:rows, :w] if s.ndim == 2 else a[:rows] for s, a, _, rows, w in live}
 
     def __repr__(self) -> str:
