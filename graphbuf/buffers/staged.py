@@ -120,15 +120,8 @@ class _Checks:
         self._within("scatter", clo, chi, self.width, "column", WidthError)
         return r.astype(np.int64), arr, c.astype(np.int64)
 
-    def _int(self, op: str, x: Any, what: str, err: _Error) -> int:
-        if not _is_int(x):
-            raise err(f"{op}(): buffer {self.name!r}: {what} {x!r} is not an integer")
-        return int(x)
-
     def _row(self, row: Any, op: str) -> int:
-        r = self._int(op, row, "row", RowsError)
-        self._within(op, r, r, self.rows, "row", RowsError)
-        return r
+        return self._run(op, row, None, self.rows, "row", RowsError)
 
     def _within(self, op: str, lo: int, hi: int, cap: int, what: str, err: _Error, run: bool = False) -> None:
         """Rows or columns ``lo``..``hi`` inside the allocation's ``cap`` (``run``: named as one run)."""
@@ -138,10 +131,12 @@ class _Checks:
                 f"{op}(): buffer {self.name!r}: {what}{at} outside the captured allocation of {cap} {what}s"
             )
 
-    def _run(self, op: str, start: Any, k: int, cap: int, what: str, err: _Error) -> int:
-        """``start`` as an int: the first of ``k`` rows or columns inside the allocation's ``cap``."""
-        s = self._int(op, start, what, err)
-        self._within(op, s, s + k - 1, cap, what, err, run=True)
+    def _run(self, op: str, start: Any, k: int | None, cap: int, what: str, err: _Error) -> int:
+        """``start`` as an int: the first of ``k`` rows or columns (None: one index) inside ``cap``."""
+        if not _is_int(start):
+            raise err(f"{op}(): buffer {self.name!r}: {what} {start!r} is not an integer")
+        s = int(start)
+        self._within(op, s, s if k is None else s + k - 1, cap, what, err, run=k is not None)
         return s
 
     def _indices(self, x: Any, what: str, err: _Error) -> tuple[np.ndarray, int, int]:
@@ -326,20 +321,16 @@ class StagedWrites:
         if why is None and len({c[1] for c in slot.capacity.values()}) > 1:  # 1-D: every width 0
             why = "has a width that differs between capture sizes"
         if why is not None:
-            raise self.layout.fail(
-                RefreshError, name, "stage()", f"{why}; staged writes do not apply, refresh it whole"
-            )
+            msg = f"{why}; staged writes do not apply, refresh it whole"
+            raise self.layout.fail(RefreshError, name, "stage()", msg)
         top, cols = self._commit.mark(slot.index)
         host = self._full[name].detach().cpu().numpy().copy()  # one read of the current contents
         kernel, commit = self._kernel, self._commit
-        if kernel is None:
-            h = checks = StagedBuffer(slot, host, self.guard, top, cols)
-        else:
-            checks = _Checks(slot, host, self.guard, top, cols)
-            h = kernel.Staged(
-                host, checks.lens, slot.pad.tobytes(), slot.lo, slot.hi, slot.rows_of_requests, slot.index,
-                self.guard.lock, cols if checks.wide else 0, top, checks, np.ndarray,
-            )  # fmt: skip
+        checks = (StagedBuffer if kernel is None else _Checks)(slot, host, self.guard, top, cols)
+        h = checks if kernel is None else kernel.Staged(
+            host, checks.lens, slot.pad.tobytes(), slot.lo, slot.hi, slot.rows_of_requests, slot.index,
+            self.guard.lock, cols if checks.wide else 0, top, checks, np.ndarray,
+        )  # fmt: skip
         self._handles[name], self._checks[name] = h, checks
         self.names = frozenset(self._handles)
         self.required = self.layout.required.difference(self.names)
