@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from graphbuf.buffers import native
-from graphbuf.buffers.commit import rectangle, write_live
+from graphbuf.buffers.commit import Committer, rectangle, write_live
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
 from graphbuf.buffers.validate import Prepared, accept_typed, check_source, prepared
 
@@ -78,21 +78,14 @@ class Backend:
             ]
         return out, False
 
-    def write(
-        self,
-        targets: list[np.ndarray],
-        items: Sequence[Prepared],
-        ends: Sequence[int],
-        pads: Sequence[bytes],
-        rows_of: list[int],
-        cols_of: list[int],
-        slab: np.ndarray | None,
-    ) -> int:
-        """:func:`write_live` for every item into ``targets`` (by slot index), marks updated; return the bytes
-        touched. A source inside ``slab`` (a view of a buffer) is copied first: an earlier write in this
-        refresh could change it after it was checked."""
-        if slab is not None:
-            items = [_detached(p, slab) for p in items]
+    def write(self, commit: Committer, k: int, items: Sequence[Prepared], size: int) -> int:
+        """:func:`write_live` for every item at capture ``size`` into upload copy ``k`` of ``commit`` (its
+        slab, written in place), its marks updated; return the bytes touched. A source inside a slab written
+        in place (a view of a buffer) is copied first: an earlier write in this refresh could change it after
+        it was checked."""
+        targets, ends, rows_of, cols_of = commit.targets[k], commit.ends[size], commit.rows, commit.cols
+        if commit.host_slab is not None:
+            items = [_detached(p, commit.host_slab) for p in items]
         moved = 0
         for slot, host, _, n, w in items:
             i = slot.index
@@ -103,28 +96,21 @@ class Backend:
         return moved
 
     def write_words(
-        self,
-        targets: list[np.ndarray],
-        items: Sequence[Prepared],
-        ends: Sequence[int],
-        pads: Sequence[bytes],
-        rows_of: list[int],
-        cols_of: list[int],
-        words_of: Sequence[tuple[int, int, int] | None],
-        limit: int,
+        self, commit: Committer, k: int, items: Sequence[Prepared], size: int, limit: int
     ) -> tuple[Any, ...]:
-        """:meth:`write` (no source lies in an upload copy), and the rectangles it touched, from the marks
-        before it: those of slots packed as 4-byte words (``words_of[i]``: word start, words per element,
-        row stride) up to ``limit`` words as (word start, rows, row words, row stride), their words, and the
-        rest as (prepared, end, rows, cols) (larger ones; a device source's live cells, copied on the
-        device after the placement)."""
+        """:meth:`write` into an upload copy, and the rectangles it touched, from the marks before it: those
+        of slots packed as 4-byte words (``commit.words_of[i]``: word start, words per element, row stride)
+        up to ``limit`` words as (word start, rows, row words, row stride), their words, and the rest as
+        (prepared, end, rows, cols) (larger ones; a device source's live cells, copied on the device after
+        the placement)."""
+        ends, words_of = commit.ends[size], commit.words_of
         rects, rest = [], []
         rect_words = 0
         for p in items:
             slot, _, dev, n, w = p
             i = slot.index
             end = ends[i]
-            r, c = rectangle(slot, n, w, end, rows_of[i], cols_of[i])
+            r, c = rectangle(slot, n, w, end, commit.rows[i], commit.cols[i])
             of = words_of[i]
             if of is not None and r and c and r * c * of[1] <= limit:
                 rects.append((of[0], r, c * of[1], of[2]))
@@ -133,8 +119,7 @@ class Backend:
                     rest.append((p, end, 0, c))
             else:
                 rest.append((p, end, r, c))
-        moved = Backend.write(self, targets, items, ends, pads, rows_of, cols_of, None)
-        return moved, rects, rect_words, rest
+        return Backend.write(self, commit, k, items, size), rects, rect_words, rest
 
 
 class NativeBackend(Backend):
@@ -181,35 +166,23 @@ class NativeBackend(Backend):
             return super().accept_all(layout, sources, size, num_reqs, label, strict, device)
         return got, num_reqs is not None  # C took only rows that agree with num_reqs
 
-    def write(
-        self,
-        targets: list[np.ndarray],
-        items: Sequence[Prepared],
-        ends: Sequence[int],
-        pads: Sequence[bytes],
-        rows_of: list[int],
-        cols_of: list[int],
-        slab: np.ndarray | None,
-    ) -> int:
-        got = self._kernel.write(targets, items, ends, pads, rows_of, cols_of)
+    def write(self, commit: Committer, k: int, items: Sequence[Prepared], size: int) -> int:
+        got = self._kernel.write(
+            commit.targets[k], items, commit.ends[size], commit.pads, commit.rows, commit.cols
+        )
         if got is None:  # a cast, a misaligned source or an overlap: nothing written
-            return super().write(targets, items, ends, pads, rows_of, cols_of, slab)
+            return super().write(commit, k, items, size)
         return got  # type: ignore[no-any-return]
 
     def write_words(
-        self,
-        targets: list[np.ndarray],
-        items: Sequence[Prepared],
-        ends: Sequence[int],
-        pads: Sequence[bytes],
-        rows_of: list[int],
-        cols_of: list[int],
-        words_of: Sequence[tuple[int, int, int] | None],
-        limit: int,
+        self, commit: Committer, k: int, items: Sequence[Prepared], size: int, limit: int
     ) -> tuple[Any, ...]:
-        got = self._kernel.write(targets, items, ends, pads, rows_of, cols_of, words_of, limit)
+        ends = commit.ends[size]
+        got = self._kernel.write(
+            commit.targets[k], items, ends, commit.pads, commit.rows, commit.cols, commit.words_of, limit
+        )
         if got is None:  # a cast, a misaligned source or an overlap: nothing written
-            return super().write_words(targets, items, ends, pads, rows_of, cols_of, words_of, limit)
+            return super().write_words(commit, k, items, size, limit)
         return got  # type: ignore[no-any-return]
 
 

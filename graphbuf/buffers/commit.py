@@ -127,8 +127,9 @@ class Committer:
         self._full = tuple(full[s.name] for s in layout.order)
         shapes = [s.plan.shape for s in layout.order]
         # High-water marks by slot index: the pad fill leaves every buffer clean (poison: all dirty).
-        self._rows = [sh[0] if dirty else 0 for sh in shapes]
-        self._cols = [(sh[1] if len(sh) > 1 else 0) if dirty else 0 for sh in shapes]
+        self.rows = [sh[0] if dirty else 0 for sh in shapes]
+        self.cols = [(sh[1] if len(sh) > 1 else 0) if dirty else 0 for sh in shapes]
+        self.marks = self.rows, self.cols  # the lists themselves: the C staged check edits them
         self._pin = slab.device.type != "cpu"  # pinned host memory is what makes an upload asynchronous
         self._copy_views: list[tuple[torch.Tensor, ...]] = []
         views = [self._full]
@@ -142,47 +143,38 @@ class Committer:
                       for t, s in zip(self._full, layout.order))
                 for img in images
             ]  # fmt: skip
-        self._targets = [[_np_view(t, s) for t, s in zip(v, layout.order)] for v in views]
+        self.targets = [[_np_view(t, s) for t, s in zip(v, layout.order)] for v in views]
         # What the native write takes besides the targets: pad bytes by slot index, and per capture size
         # the last row a repeat_last buffer fills (0 for the others).
-        self._pads = tuple(s.pad.tobytes() for s in layout.order)
-        self._ends = {
+        self.pads = tuple(s.pad.tobytes() for s in layout.order)
+        self.ends = {
             size: tuple(s.capacity[size][0] if s.repeat_last else 0 for s in layout.order)
             for size in layout.plan.capture_sizes
         }
         # Sources may be views of the slab itself; each is read before any buffer it lies in is written.
-        self._slab = slab.numpy() if not self.uploads else None  # in place: host sources
+        self.host_slab = slab.numpy() if not self.uploads else None  # in place: host sources
         self._slab_storage = slab.untyped_storage().data_ptr()  # uploaded: device sources
         self._slab_t = slab
-        self._events: list[Any] = [None] * len(self._targets)
+        self.depth = len(self.targets)  # host upload copies (1 when writing a cpu slab in place)
+        self._events: list[Any] = [None] * self.depth
         self._staged_kernel = layout.backend.staged  # writes the cells a C staged check passed (in place)
         # Uploaded with the native packer: per upload copy an arena (behind the same event) for the packed
         # upload, and per slot how its rectangles pack as 4-byte words: (word start, words per column, row
         # stride in words), or None (narrower elements, a buffer not 4-byte aligned, no packer).
         self._packer = layout.backend.packer if self.uploads else None
-        self._arenas: list[_Arena | None] = [None] * len(self._targets)
+        self._arenas: list[_Arena | None] = [None] * self.depth
         self._words = slab[: slab.numel() // 4 * 4].view(torch.int32)
-        self._words_of = tuple(
+        self.words_of = tuple(
             (s.plan.offset // 4, s.itemsize // 4, (s.plan.shape[1] if s.ndim == 2 else 1) * (s.itemsize // 4))
             if self._packer is not None and s.itemsize % 4 == 0 and s.plan.offset % 4 == 0
             else None
             for s in layout.order
         )
-        self._cell_arenas: list[torch.Tensor | None] = [None] * len(self._targets)  # cells not packed
-        self._turn = 0
+        self._cell_arenas: list[torch.Tensor | None] = [None] * self.depth  # cells not packed
+        self.turn = 0  # the upload copy the next refresh assembles in
         self._refreshes = 0
         self._last = 0
         self._total = 0
-
-    @property
-    def depth(self) -> int:
-        """Host upload copies (1 when writing a cpu slab in place)."""
-        return len(self._targets)
-
-    @property
-    def turn(self) -> int:
-        """The upload copy the next refresh assembles in."""
-        return self._turn
 
     @property
     def stats(self) -> RefreshStats:
@@ -190,16 +182,11 @@ class Committer:
 
     def mark(self, index: int) -> tuple[int, int]:
         """The high-water mark (rows, cols) of the buffer at slot ``index``."""
-        return self._rows[index], self._cols[index]
-
-    @property
-    def marks(self) -> tuple[list[int], list[int]]:
-        """Every buffer's marks, rows and cols by slot index (the lists themselves: the C staged check)."""
-        return self._rows, self._cols
+        return self.rows[index], self.cols[index]
 
     def flat(self, index: int) -> np.ndarray:
         """The buffer at slot ``index`` as a flat numpy view of a cpu slab written in place."""
-        return self._targets[0][index].reshape(-1)
+        return self.targets[0][index].reshape(-1)
 
     def apply(
         self,
@@ -214,19 +201,17 @@ class Committer:
         is written): ``cells`` checked in Python, or ``native`` (cores, in-place targets, word bases) checked
         by the C staged commit at ``n`` live requests, which writes or packs them. False when C could not
         pack its cells (none written): the caller then writes them with :meth:`write_cells`."""
-        k = self._turn
+        k = self.turn
         if self._events[k] is not None:
             self._events[k].synchronize()  # the upload that last read this upload copy has finished
         if self.uploads:
             moved, extra = self._upload(k, sources, size, native, n)
         else:
-            moved = self.layout.backend.write(
-                self._targets[0], sources, self._ends[size], self._pads, self._rows, self._cols, self._slab
-            )
+            moved = self.layout.backend.write(self, 0, sources, size)
             extra = 0
             if native is not None:  # C writes the cells its check passed
                 kernel: Any = self._staged_kernel
-                extra = kernel.commit(native[0], n, self._rows, self._cols, native[1], True)
+                extra = kernel.commit(native[0], n, self.rows, self.cols, native[1], True)
         self._refreshes += 1
         self._last = moved
         self._total += moved
@@ -243,14 +228,14 @@ class Committer:
         marks and count their bytes in the last refresh."""
         moved = self._upload_cells(cells) if self.uploads else self._cells_in_place(cells)
         for c in cells:
-            self._rows[c.slot.index], self._cols[c.slot.index] = c.live, c.colmark
+            self.rows[c.slot.index], self.cols[c.slot.index] = c.live, c.colmark
         self._last += moved
         self._total += moved
 
     def _cells_in_place(self, cells: Sequence[Cells]) -> int:
         moved = 0
         for slot, idx, vals, live, shown, cols, _ in cells:
-            t = self._targets[0][slot.index]
+            t = self.targets[0][slot.index]
             if vals.size:
                 t.reshape(-1)[idx] = vals
             if shown > live:
@@ -273,7 +258,7 @@ class Committer:
                 total = (total + (8 + isz) * count + 7) & ~7
         if not parts:
             return 0
-        k = self._turn
+        k = self.turn
         if self._events[k] is not None:
             self._events[k].synchronize()  # the upload that last read this turn's arena has finished
         arena = self._cell_arenas[k]
@@ -301,10 +286,8 @@ class Committer:
         they touched (the backend's ``write_words`` gives them with the write) and the staged cells in one
         packed upload placed by :meth:`_Arena.place`; the rest by :meth:`_copy`. Returns the sources' bytes
         and the staged bytes (-1: not packed)."""
-        rows, cols = self._rows, self._cols
-        moved, rects, rect_words, rest = self.layout.backend.write_words(
-            self._targets[k], prepared, self._ends[size], self._pads, rows, cols, self._words_of, _PACK_WORDS
-        )
+        rows, cols = self.rows, self.cols
+        moved, rects, rect_words, rest = self.layout.backend.write_words(self, k, prepared, size, _PACK_WORDS)
         staged = 0
         if self._packer is not None:
             cores, _, bases = native or _NO_CELLS
@@ -362,7 +345,7 @@ class Committer:
             event = getattr(torch, self.device.type).Event()
             event.record()
             self._events[k] = event
-        self._turn = (k + 1) % len(self._targets)
+        self.turn = (k + 1) % self.depth
 
 
 class _Arena:

@@ -5,6 +5,7 @@ misaligned source)."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +23,11 @@ pytestmark = pytest.mark.backends_compared  # compares the backends itself (conf
 needs_kernel = pytest.mark.skipif(native.KERNEL is None, reason="the native kernel is not built here")
 SPEC = "gemma4-31b-it-mtp"
 SMALL = {"num_blocks": 64, "max_model_len": 512}
+
+
+def _committer(targets: list, ends: tuple, pads: tuple, rows: list, cols: list) -> SimpleNamespace:
+    """What a backend's write reads of a committer: upload copy 0's targets, ends at size 8, pads, marks."""
+    return SimpleNamespace(targets=[targets], ends={8: ends}, pads=pads, rows=rows, cols=cols, host_slab=None)
 
 
 def test_the_backend_is_chosen_when_the_buffers_are_built(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,7 +106,7 @@ def test_a_write_c_declines_is_the_numpy_write() -> None:
         targets = [np.full(t.shape, 1, t.numpy().dtype) for t in sb.full.values()]
         rows, cols = [5] * len(targets), [0] * len(targets)
         ends, pads = (0,) * len(targets), (bytes(4),) * len(targets)
-        moved = backend.write(targets, [item], ends, pads, rows, cols, None)
+        moved = backend.write(_committer(targets, ends, pads, rows, cols), 0, [item], 8)
         results.append((moved, rows, cols, targets[slot.index].tolist()))
     k = len(sb.layout.order)
     empty = [np.zeros(sb.full[s.name].shape, np.int32) for s in sb.layout.order]
@@ -119,6 +125,7 @@ def test_a_device_source_is_left_for_the_device_copy(backend: str) -> None:
     n = len(targets)
     rows = [4 if i == slot.index else 0 for i in range(n)]
     dev = torch.zeros(2, dtype=torch.int32)
-    moved = chosen().write(targets, [(slot, None, dev, 2, 0)], (0,) * n, (bytes(4),) * n, rows, [0] * n, None)
+    commit = _committer(targets, (0,) * n, (bytes(4),) * n, rows, [0] * n)
+    moved = chosen().write(commit, 0, [(slot, None, dev, 2, 0)], 8)
     assert target[:2].tolist() == [9, 9] and target[2:4].tolist() == [0, 0] and target[4] == 9
     assert rows[slot.index] == 2 and moved == 4 * 4

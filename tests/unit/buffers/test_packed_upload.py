@@ -80,7 +80,11 @@ def test_the_native_write_gives_the_rectangles_numpy_gives(case: dict[str, Any],
     marks = (case["rows_of"], case["cols_of"])
     base = [t.copy() for t in targets]
     base_marks = (list(marks[0]), list(marks[1]))
-    want = Backend().write_words(base, items, ends, pads, *base_marks, case["words_of"], limit)
+    commit = SimpleNamespace(
+        targets=[base], ends={8: ends}, pads=pads, words_of=case["words_of"], host_slab=None
+    )
+    commit.rows, commit.cols = base_marks  # what write_words reads of a committer
+    want = Backend().write_words(commit, 0, items, 8, limit)
     plain = [t.copy() for t in targets]
     plain_marks = (list(marks[0]), list(marks[1]))
     moved = kernel.write(plain, items, ends, pads, *plain_marks)
