@@ -8,30 +8,18 @@ buffers), ``eager`` (inputs above the largest capture size); ``slab``: :class:`g
 
 from __future__ import annotations
 
-from graphbuf.buffers.backend import chosen
 from graphbuf.buffers.bound import BoundSources
-from graphbuf.buffers.commit import Committer, RefreshStats
-from graphbuf.buffers.eager import build_eager
-from graphbuf.buffers.layout import Layout, where
-from graphbuf.buffers.mapping import prepare_mapping, read_call
-from graphbuf.buffers.staged import StagedBuffer, StagedWrites
-from graphbuf.buffers.validate import Prepared, Source, check_num_reqs, count_of, requests_hint
+from graphbuf.buffers.commit import RefreshStats
+from graphbuf.buffers.mapping import read_call
+from graphbuf.buffers.staged import StagedBuffer
+from graphbuf.buffers.validate import Source, check_num_reqs, requests_hint
 
 __all__ = [
     "BoundSources",
-    "Committer",
-    "Layout",
-    "Prepared",
     "RefreshStats",
     "Source",
     "StagedBuffer",
-    "StagedWrites",
-    "build_eager",
     "check_num_reqs",
-    "chosen",
-    "count_of",
-    "prepare_mapping",
     "read_call",
     "requests_hint",
-    "where",
 ]
