@@ -61,20 +61,13 @@ class Backend:
     ) -> tuple[list[Prepared], bool]:
         """Every source of a mapping validated, in its order, and whether their rows were checked against
         ``num_reqs`` already (then it is the live count)."""
-        out = []
-        other = False
-        for name, src in sources.items():
-            tp = type(src)
-            if tp is not np.ndarray and tp is not torch.Tensor:
-                other = True
-            out.append(check_source(layout, name, src, size, label, strict, device))
-        if other:  # converting a list (numpy reads the objects in it) or a subclass may run code that changes
-            # a source checked before it: check the plain arrays and tensors again, after the last such code
+        plain = [type(src) is np.ndarray or type(src) is torch.Tensor for src in sources.values()]
+        out = [check_source(layout, name, src, size, label, strict, device) for name, src in sources.items()]
+        if not all(plain):  # converting a list (numpy reads the objects in it) or a subclass may run code
+            # that changes a source checked before it: check the plain arrays and tensors again after it
             out = [
-                check_source(layout, name, src, size, label, strict, device)
-                if type(src) is np.ndarray or type(src) is torch.Tensor
-                else p
-                for p, (name, src) in zip(out, sources.items())
+                check_source(layout, name, src, size, label, strict, device) if again else p
+                for p, again, (name, src) in zip(out, plain, sources.items())
             ]
         return out, False
 

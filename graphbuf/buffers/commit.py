@@ -362,13 +362,6 @@ class _Arena:
         self._w64, self._w32 = on.view(torch.int64), on.view(torch.int32)
         self._views: dict[int, tuple[torch.Tensor, ...]] = {}
 
-    def _views_of(self, b: int) -> tuple[torch.Tensor, ...]:
-        """Bucket ``b``'s word indices and words (as the placement reads them) and, off the cpu, the host
-        and device bytes of its upload."""
-        if self._dev_t is None:
-            return self._w64[:b], self._w32[2 * b : 3 * b]
-        return self._w64[:b], self._w32[2 * b : 3 * b], self._host_t[: 12 * b], self._dev_t[: 12 * b]
-
     def place(
         self, words: torch.Tensor, pairs: int, b: int, runs: list[tuple[int, int]], run_words: int
     ) -> None:
@@ -376,8 +369,11 @@ class _Arena:
         words): ``pairs`` (indices, words) padded to ``b`` by one ``scatter_``, each of the ``runs``
         (``run_words`` words in all, from word ``3 b`` of the arena) by one copy."""
         views = self._views.get(b)
-        if views is None:
-            views = self._views[b] = self._views_of(b)
+        if views is None:  # bucket b's word indices and words
+            views = (self._w64[:b], self._w32[2 * b : 3 * b])
+            if self._dev_t is not None:  # and the host and device bytes of its upload
+                views += (self._host_t[: 12 * b], self._dev_t[: 12 * b])
+            self._views[b] = views
         if self._dev_t is not None:
             if runs:
                 end = 12 * b + 4 * run_words
