@@ -171,11 +171,9 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
     time. Values are checked for a safe cast here (a refresh's rule) and against ``min``/``max`` (and NaN)
     when a refresh commits them. Every write copies its indices and values at the call: nothing the caller
     does to them afterwards reaches the host state. A 1-D buffer's "row" is one element: :meth:`set`
-    writes a run of elements from ``row``.
-
-    This class is the Python host state; with the native kernel ``stage()`` returns
-    ``graphbuf.buffers._native.Staged`` (a registered StagedBuffer): the same methods, bytes and errors.
-    """
+    writes a run of elements from ``row``. This class is the Python host state; with the native kernel
+    ``stage()`` returns ``graphbuf.buffers._native.Staged`` (a registered StagedBuffer): the same methods,
+    bytes and errors."""
 
     host = property(_Checks.host_view)
     lengths = property(_Checks.lengths_view)
