@@ -41,11 +41,11 @@ def poison_value(dtype: torch.dtype) -> int | float | bool:
 
 
 class StaticBuffers:
-    """Every buffer of a spec, allocated once in ONE slab on ``device``.
+    """Every buffer of a spec in ONE slab on ``device``.
 
-    Invariants: the slab is allocated once and never moves; buffers are written only by :meth:`refresh`
-    (a refresh assumes cells it did not dirty still hold the pad); one thread at a time (a second
-    concurrent call raises :class:`graphbuf.ConcurrentUseError` instead of waiting).
+    Invariants: the slab is allocated once and never moves; buffers are written only by :meth:`refresh` (a
+    refresh assumes cells it did not dirty still hold the pad); one thread at a time (a second concurrent
+    call raises :class:`graphbuf.ConcurrentUseError` instead of waiting).
 
     Args:
         spec: a :class:`GraphSpec`, a spec path or shipped name, or an existing :class:`Plan`.
@@ -77,8 +77,7 @@ class StaticBuffers:
         self.device = resolve_device(device, f"StaticBuffers(device={device!r})")
         copies = _upload_copies(upload_copies, staging, self.device)
         p = spec if isinstance(spec, Plan) else plan(spec, overrides=overrides, max_bytes=max_bytes)
-        self.plan: Plan = p
-        self.strict = strict
+        self.plan, self.strict = p, strict
         try:
             self.slab = torch.empty(p.total_bytes, dtype=torch.uint8, device=self.device)
         except RuntimeError as exc:  # the allocator refused it (torch.OutOfMemoryError is a RuntimeError)
@@ -169,11 +168,10 @@ class StaticBuffers:
         device, read once (every buffer not declared ``keep: true``; the live request count comes from the
         rows or ``num_reqs``, and all must agree); or :class:`BoundSources` from :meth:`bind` (``num_reqs``
         required, ``widths`` the 2-D live widths). Everything is validated first: on any
-        :class:`graphbuf.RefreshError` (or :class:`graphbuf.AddressChangedError` for a bound source changed
-        in place) no byte changes. After a valid refresh with n live rows of source width w, ``[:n, :w]``
-        equals the source, ``[:n, w:]`` and rows ``[n:]`` the pad (``repeat_last``: the last live row, up
-        to the rows captured at ``size``). Cost (:attr:`stats`): the live cells and those earlier refreshes
-        dirtied.
+        :class:`graphbuf.RefreshError` (or :class:`graphbuf.AddressChangedError` for a bound source changed in
+        place) no byte changes. After a valid refresh with n live rows of source width w, ``[:n, :w]`` equals
+        the source, ``[:n, w:]`` and rows ``[n:]`` the pad (``repeat_last``: the last live row, up to the rows
+        captured at ``size``). Cost (:attr:`stats`): the live cells and those earlier refreshes dirtied.
         """
         guard = self._guard
         guard.enter("refresh()")
@@ -189,7 +187,6 @@ class StaticBuffers:
             guard.release()
 
     def _refresh(self, size: int, label: str, sources: Any, num_reqs: Any, widths: Any, strict: Any) -> int:
-        """Prepare (every check of the full sources), then commit (the staged checks, then every write)."""
         prepared, live = self._prepare(label, size, sources, num_reqs, widths, strict, self._staged.required)
         self._staged.commit(prepared, size, live, label)
         return live
