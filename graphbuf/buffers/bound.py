@@ -46,8 +46,7 @@ class BoundSources:
     """
 
     def __init__(self, buffers: Any, layout: Layout, sources: Any) -> None:
-        self.buffers = buffers
-        self._layout = layout
+        self.buffers, self._layout = buffers, layout
         if not isinstance(sources, Mapping):
             msg = f"bind(): sources must be a mapping of buffer name to source, got {type(sources).__name__}"
             raise RefreshError(msg)
@@ -69,8 +68,7 @@ class BoundSources:
         self._wide = frozenset(e[2] for e in self._entries if e[4] is not None)
 
     def check_moved(self, label: str) -> None:
-        """Raise :class:`AddressChangedError` if a bound tensor changed address, shape or strides, or a bound
-        numpy array its shape or strides."""
+        """Raise :class:`AddressChangedError` if a bound source changed (the module's first invariant)."""
         for name, t, ptr, shape, stride in self._tensors:
             if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride:
                 raise AddressChangedError(
@@ -95,7 +93,7 @@ class BoundSources:
         any count for an eager step), and their values unless ``device`` is None (:meth:`sources`: each
         source passed whole); return them prepared and the live request count."""
         layout = self._layout
-        n = check_num_reqs(num_reqs, layout.max_requests.get(size, None), label, size)
+        n = check_num_reqs(num_reqs, layout.max_requests.get(size), label, size)
         self.check_moved(label)
         w_of = check_widths(widths, self._wide, label) if widths else {}
         fits = layout.backend.fits
