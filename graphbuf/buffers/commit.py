@@ -37,8 +37,7 @@ class RefreshStats(NamedTuple):
     """Byte accounting of the refreshes of one :class:`graphbuf.StaticBuffers` (a snapshot; immutable).
 
     ``last_bytes``: bytes the last refresh wrote into the slab (in place) or uploaded, summed over the
-    rectangle it touched in each buffer; ``total_bytes``: the sum over all ``refreshes``. (A NamedTuple: a
-    server reads it every step, and a frozen dataclass costs ~0.5 µs more to build.)
+    rectangle it touched in each buffer; ``total_bytes``: the sum over all ``refreshes``.
     """
 
     refreshes: int = 0
@@ -144,7 +143,7 @@ class Committer:
                 for img in images
             ]  # fmt: skip
         self.targets = [[_np_view(t, s) for t, s in zip(v, layout.order)] for v in views]
-        # What the native write takes besides the targets: pad bytes by slot index, and per capture size
+        # What the backend's write reads besides the targets: pad bytes by slot index, and per capture size
         # the last row a repeat_last buffer fills (0 for the others).
         self.pads = tuple(s.pad.tobytes() for s in layout.order)
         self.ends = {
@@ -157,7 +156,7 @@ class Committer:
         self._slab_t = slab
         self.depth = len(self.targets)  # host upload copies (1 when writing a cpu slab in place)
         self._events: list[Any] = [None] * self.depth
-        self._staged_kernel = layout.backend.staged  # writes the cells a C staged check passed (in place)
+        self._staged_kernel: Any = layout.backend.staged  # writes the cells C's staged check passed
         # Uploaded with the native packer: per upload copy an arena (behind the same event) for the packed
         # upload, and per slot how its rectangles pack as 4-byte words: (word start, words per column, row
         # stride in words), or None (narrower elements, a buffer not 4-byte aligned, no packer).
@@ -210,15 +209,12 @@ class Committer:
             moved = self.layout.backend.write(self, 0, sources, size)
             extra = 0
             if native is not None:  # C writes the cells its check passed
-                kernel: Any = self._staged_kernel
-                extra = kernel.commit(native[0], n, self.rows, self.cols, native[1], True)
+                extra = self._staged_kernel.commit(native[0], n, self.rows, self.cols, native[1], True)
         self._refreshes += 1
-        self._last = moved
-        self._total += moved
+        self._last = moved + extra if extra > 0 else moved  # extra < 0: C could not pack its cells
+        self._total += self._last
         if extra < 0:
             return False
-        self._last += extra
-        self._total += extra
         if cells:
             self.write_cells(cells)
         return True
@@ -226,22 +222,18 @@ class Committer:
     def write_cells(self, cells: Sequence[Cells]) -> None:
         """Write checked staged ``cells`` (in place, or one upload scattered per element size), set their
         marks and count their bytes in the last refresh."""
-        moved = self._upload_cells(cells) if self.uploads else self._cells_in_place(cells)
-        for c in cells:
-            self.rows[c.slot.index], self.cols[c.slot.index] = c.live, c.colmark
+        moved = self._upload_cells(cells) if self.uploads else 0
+        for slot, idx, vals, live, shown, cols, colmark in cells:
+            if not self.uploads:
+                t = self.targets[0][slot.index]
+                if vals.size:
+                    t.reshape(-1)[idx] = vals
+                if shown > live:
+                    (t[live:shown, :cols] if t.ndim == 2 else t[live:shown])[...] = slot.pad
+                moved += (vals.size + max(shown - live, 0) * (cols if t.ndim == 2 else 1)) * slot.itemsize
+            self.rows[slot.index], self.cols[slot.index] = live, colmark
         self._last += moved
         self._total += moved
-
-    def _cells_in_place(self, cells: Sequence[Cells]) -> int:
-        moved = 0
-        for slot, idx, vals, live, shown, cols, _ in cells:
-            t = self.targets[0][slot.index]
-            if vals.size:
-                t.reshape(-1)[idx] = vals
-            if shown > live:
-                (t[live:shown, :cols] if t.ndim == 2 else t[live:shown])[...] = slot.pad
-            moved += (vals.size + max(shown - live, 0) * (cols if t.ndim == 2 else 1)) * slot.itemsize
-        return moved
 
     def _upload_cells(self, cells: Sequence[Cells]) -> int:
         """Every cell, cleared ones included, in one host arena (per element size: slab element indices,
@@ -249,7 +241,7 @@ class Committer:
         groups: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         for c in cells:
             groups.setdefault(c.slot.itemsize, []).append(_cell_writes(c))
-        parts = []  # (element size, index offset, count, value offset)
+        parts = []  # (element size, index offset, count, value offset, its (indices, values) pairs)
         total = 0
         for isz, pairs in groups.items():
             count = sum(i.size for i, _ in pairs)
@@ -317,8 +309,7 @@ class Committer:
         return (p[0], p[1], dev.clone(), p[3], p[4])  # type: ignore[return-value]
 
     def _arena(self, k: int, words: int) -> _Arena:
-        """Word arena ``k`` (the upload of upload copy ``k`` reads it, behind its event), with room for
-        ``words``."""
+        """Upload copy ``k``'s word arena (read behind the same event), with room for ``words``."""
         arena = self._arenas[k]
         if arena is None or arena.cap < words:
             arena = _Arena(max(words, 1 << 12), self._pin, self.device)
