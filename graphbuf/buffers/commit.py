@@ -285,12 +285,14 @@ class Committer:
             cores, _, bases = native or _NO_CELLS
             arena = self._arenas[k] or self._arena(k, 0)
             got = self._packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
-            while type(got) is int:  # -words: more than the arena holds
-                arena = self._arena(k, -got)
+            while type(got) is not tuple:  # nothing packed: pack again
+                if (
+                    got is None
+                ):  # a staged core C cannot read: the rectangles alone, the cells left to the caller
+                    cores, bases, staged = [], [], -1
+                else:  # -words: more than the arena holds
+                    arena = self._arena(k, -got)
                 got = self._packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
-            if got is None:  # a staged core C cannot read: the rectangles alone, the cells left to the caller
-                staged = -1
-                got = self._packer.pack(rects, self._images[k], [], 0, rows, cols, [], arena.host)
             pairs, b, runs = got
             run_words = sum(w for _, w in runs) if runs else 0
             if pairs or runs:

@@ -199,3 +199,42 @@ def test_a_source_the_kernel_leaves_to_numpy_packs_as_numpy_gives() -> None:
         assert ours.refresh(size, src) == ref.refresh(size, src) == n
         for name in ours.names:
             assert torch.equal(ours.full[name], ref.full[name]), name
+
+
+class _RefusesCoresOnce:
+    """The kernel's packer, except that its first call with staged cores answers None (a core it cannot
+    read), as no StaticBuffers built today makes it answer."""
+
+    def __init__(self) -> None:
+        self.answers: list[Any] = []
+
+    def pack(self, rects: Any, image: Any, cores: Any, *rest: Any) -> Any:
+        got = None if cores and not self.answers else STAGED.pack(rects, image, cores, *rest)
+        self.answers.append(got if got is None or type(got) is int else "packed")
+        return got
+
+
+def test_a_refused_staged_pack_still_packs_rectangles_larger_than_the_arena() -> None:
+    """When pack refuses the staged cores, the rectangles are packed alone, growing the arena when they
+    need more than it holds (here 64 x 128 int32 words against its first 4096), and the staged cells are
+    written by the Python check: the slab ends equal to an in-place twin's."""
+    from graphbuf import GraphSpec
+
+    spec = GraphSpec.model_validate({
+        "version": 1, "name": "refused", "capture": {"tokens_per_request": 1, "sizes": [64]},
+        "buffers": {"table": {"dtype": "int32", "rows": "requests", "cols": 128},
+                    "big": {"dtype": "int32", "rows": "requests", "cols": 128}},
+    })  # fmt: skip
+    twins = [StaticBuffers(spec, upload_copies=2), StaticBuffers(spec)]
+    packer = _RefusesCoresOnce()
+    twins[0]._commit._packer = packer
+    big = np.arange(64 * 128, dtype=np.int32).reshape(64, 128)
+    for sb in twins:
+        table = sb.stage("table")
+        table.set(3, [7, 8, 9])
+        table.scatter([0, 63], [5, 6], cols=[127, 0])
+        sb.refresh(64, {"big": big}, num_reqs=64)
+    assert packer.answers == [None, -8192, "packed"]
+    assert torch.equal(twins[0].slab, twins[1].slab)
+    assert twins[0].full["table"][3, :3].tolist() == [7, 8, 9] and int(twins[0].full["table"][63, 0]) == 6
+    assert not twins[0].stage("table").pending
