@@ -96,8 +96,7 @@ class StaticBuffers:
         for s in p.capture_sizes:  # each buffer's leading rows (and columns) at s
             views = {b.name: full[b.name][tuple(map(slice, p.shape_at(b, s)))] for b in p.buffers}
             self._views[s] = MappingProxyType(views)
-        # The backend, chosen here once (graphbuf.buffers.backend): nothing else decides.
-        self.layout = Layout(p, chosen())
+        self.layout = Layout(p, chosen())  # the backend, chosen here once: nothing else decides
         self._labels = {s: where("refresh", s) for s in p.capture_sizes}  # not formatted per call
         self._commit = Committer(self.layout, self.slab, full, copies=copies, dirty=poison)
         self._guard = Exclusive(
