@@ -374,9 +374,14 @@ class StagedWrites:
         commit.apply(size, prepared, cells)
         for c in cells:
             handles[c.slot.name].clear()
-        for p in prepared:
-            if p.slot.name in handles:
-                self._absorb(p)
+        for slot, src, dev, live, w in prepared:
+            if slot.name in handles:  # a staged buffer given whole: its host state takes the write
+                h, m = handles[slot.name], self._checks[slot.name]
+                if m.wide:  # rows at and past top have length 0 already
+                    m.lens[:] = np.where(np.arange(m.rows) < live, w, 0)  # type: ignore[index]
+                src = dev.detach().cpu().numpy() if src is None else src  # type: ignore[union-attr]
+                h.top, h.colmax = write_live(m.state, src, slot, live, w, live, h.top, h.colmax)
+                h.clear()
 
     def check(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[Cells]:
         """The checked cells of the staged buffers not in ``prepared`` at ``n`` requests; writes nothing."""
@@ -413,13 +418,3 @@ class StagedWrites:
                 Cells(slot, idx, vals, live, max(shown, live), cols, h.colmax if m.wide and live else 0)
             )
         return cells
-
-    def _absorb(self, p: Prepared) -> None:
-        """A refresh gave a staged buffer whole: the host state takes its write (:func:`write_live`)."""
-        slot, src, dev, n, w = p
-        h, m = self._handles[slot.name], self._checks[slot.name]
-        if m.wide:  # rows at and past top have length 0 already
-            m.lens[:] = np.where(np.arange(m.rows) < n, w, 0)  # type: ignore[index]
-        src = dev.detach().cpu().numpy() if src is None else src  # type: ignore[union-attr]
-        h.top, h.colmax = write_live(m.state, src, slot, n, w, n, h.top, h.colmax)
-        h.clear()
