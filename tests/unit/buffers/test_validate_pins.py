@@ -181,3 +181,19 @@ def test_a_negative_num_reqs_for_an_eager_step_says_what_is_allowed() -> None:
     with pytest.raises(RowsError) as err:
         _small().eager_inputs(10, _sources(2), num_reqs=-1)
     assert str(err.value) == "eager(size=10): num_reqs=-1, but allowed: >= 0"
+
+
+def test_a_2_d_list_of_numpy_and_python_integers_keeps_its_shape() -> None:
+    """``_from_list__mutmut_96``: numpy makes float64 of a 2-D list mixing ``np.uint64`` and Python ints; the
+    values read back as int64 keep the list's shape (flat, the 2-D buffer would refuse them)."""
+    sb = _small()
+    src = {**_sources(2), "block_table.a": [[np.uint64(3), 1, 2, 4], [5, 6, 7, np.uint64(8)]]}
+    sb.refresh(4, src)
+    assert sb.view(4)["block_table.a"].tolist() == [[3, 1, 2, 4], [5, 6, 7, 8]]
+
+
+def test_a_bound_source_of_the_wrong_rank_is_named_with_bind() -> None:
+    """``check_typed__mutmut_12``: bind's layout error starts with ``bind()``, not ``None``."""
+    with pytest.raises(RefreshError) as err:
+        _small().bind({"seq_lens": np.zeros((8, 1), np.int32)})
+    assert str(err.value) == "bind(): buffer 'seq_lens': expected 1-D source, got shape [8, 1]"
