@@ -105,8 +105,8 @@ class BoundSources:
                 rule = slot.plan.rows.text
                 msg = f"{n} requests need {rows} rows (rows = {rule}); the bound source has {held}"
                 raise layout.fail(RowsError, name, label, msg)
-            w = 0 if width is None else w_of.get(name, width)
-            if not 0 <= w <= (width or 0):
+            w = 0 if width is None else w_of.get(name, width) if w_of else width
+            if w_of and not 0 <= w <= (width or 0):
                 msg = f"width {w} outside the bound source's 0..{width} columns"
                 raise layout.fail(RefreshError, name, label, msg)
             if device is not None:  # (None: sources(), values unchecked)
