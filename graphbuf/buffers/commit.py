@@ -286,9 +286,7 @@ class Committer:
             arena = self._arenas[k] or self._arena(k, 0)
             got = self._packer.pack(rects, self._images[k], cores, n, rows, cols, bases, arena.host)
             while type(got) is not tuple:  # nothing packed: pack again
-                if (
-                    got is None
-                ):  # a staged core C cannot read: the rectangles alone, the cells left to the caller
+                if got is None:  # a core C cannot read: the rectangles alone, its cells left to the caller
                     cores, bases, staged = [], [], -1
                 else:  # -words: more than the arena holds
                     arena = self._arena(k, -got)
@@ -299,7 +297,10 @@ class Committer:
                 arena.place(self._words, pairs, b, runs, run_words)
             if native and staged == 0:
                 staged = 4 * (pairs + run_words - rect_words)
-        self._copy(k, [(self._own(p), end, r, c) for p, end, r, c in rest])
+        if rest:
+            self._copy(k, [(self._own(p), end, r, c) for p, end, r, c in rest])
+        else:
+            self._fence(k)
         return moved, staged
 
     def _own(self, p: Prepared) -> Prepared:
