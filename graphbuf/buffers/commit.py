@@ -280,6 +280,7 @@ class Committer:
         and the staged bytes (-1: not packed)."""
         rows, cols = self.rows, self.cols
         moved, rects, rect_words, rest = self.layout.backend.write_words(self, k, prepared, size, _PACK_WORDS)
+        rest = [(self._own(p), end, r, c) for p, end, r, c in rest]  # before the placement writes the slab
         staged = 0
         if self._packer is not None:
             cores, _, bases = native or _NO_CELLS
@@ -298,7 +299,7 @@ class Committer:
             if native and staged == 0:
                 staged = 4 * (pairs + run_words - rect_words)
         if rest:
-            self._copy(k, [(self._own(p), end, r, c) for p, end, r, c in rest])
+            self._copy(k, rest)
         else:
             self._fence(k)
         return moved, staged

@@ -238,3 +238,26 @@ def test_a_refused_staged_pack_still_packs_rectangles_larger_than_the_arena() ->
     assert torch.equal(twins[0].slab, twins[1].slab)
     assert twins[0].full["table"][3, :3].tolist() == [7, 8, 9] and int(twins[0].full["table"][63, 0]) == 6
     assert not twins[0].stage("table").pending
+
+
+def test_a_device_source_inside_the_slab_is_read_before_the_packed_placement() -> None:
+    """A device-resident source viewing a buffer the same refresh packs (``b`` from ``a[2:4]``) is cloned
+    before the placement rewrites ``a``: ``b`` gets the values that were checked, not ``a``'s new pad. On the
+    cpu the source is handed to the committer as a device source (what ``check_source`` makes of a tensor on
+    the slab's device); ``test_native``'s CUDA test drives the same case through ``refresh``."""
+    from graphbuf import GraphSpec
+    from graphbuf.buffers.validate import prepared
+
+    spec = GraphSpec.model_validate({
+        "version": 1, "name": "alias", "capture": {"tokens_per_request": 1, "sizes": [4, 8]},
+        "buffers": {"a": {"dtype": "int32", "rows": "requests", "pad": 100},
+                    "b": {"dtype": "int32", "rows": "requests", "pad": 0, "min": 0, "max": 5}},
+    })  # fmt: skip
+    sb = StaticBuffers(spec, upload_copies=2)
+    sb.refresh(8, {"a": np.arange(8, dtype=np.int32) % 5, "b": np.zeros(8, np.int32)})
+    a, b = sb.layout.slots["a"], sb.layout.slots["b"]
+    sb._commit.apply(
+        4, [prepared(a, np.array([1, 1], np.int32), None, 2, 0), prepared(b, None, sb.full["a"][2:4], 2, 0)]
+    )
+    assert sb.view(4)["a"].tolist() == [1, 1, 100, 100]
+    assert sb.view(4)["b"].tolist() == [2, 3, 0, 0]
