@@ -125,10 +125,10 @@ class Committer:
         self.uploads = copies is not None
         self._full = tuple(full[s.name] for s in layout.order)
         shapes = [s.plan.shape for s in layout.order]
-        # High-water marks by slot index: the pad fill leaves every buffer clean (poison: all dirty).
+        # High-water marks by slot index: the pad fill leaves every buffer clean (poison: all dirty). The C
+        # staged commit edits these lists in place: they are never rebound.
         self.rows = [sh[0] if dirty else 0 for sh in shapes]
         self.cols = [(sh[1] if len(sh) > 1 else 0) if dirty else 0 for sh in shapes]
-        self.marks = self.rows, self.cols  # the lists themselves: the C staged check edits them
         self._pin = slab.device.type != "cpu"  # pinned host memory is what makes an upload asynchronous
         self._copy_views: list[tuple[torch.Tensor, ...]] = []
         views = [self._full]

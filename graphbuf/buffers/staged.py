@@ -285,6 +285,14 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
             self.top = max(self.top, int(r.max()) + 1)
 
 
+def _live_values(p: Prepared) -> np.ndarray:
+    """A copy of the live values of a checked source, on the host."""
+    slot, host, dev, rows, width = p
+    if host is None:
+        return dev.detach().cpu().numpy()  # type: ignore[union-attr]
+    return (host[:rows, :width] if slot.ndim == 2 else host[:rows]).copy()
+
+
 def changed_cells(core: Any) -> np.ndarray:
     """Every uncommitted changed flat index of a staged buffer (a cell staged twice appears twice)."""
     out = np.empty(core.nchanged, dtype=np.int64)
@@ -362,8 +370,8 @@ class StagedWrites:
                 if p[0].name in handles:
                     break  # a staged buffer given whole: the Python commit takes its host state
             else:
-                rows, cols = commit.marks  # the committer's own lists
-                if self._kernel.commit(native[0], n, rows, cols, native[1], False) is True:  # type: ignore[union-attr]
+                marks = commit.rows, commit.cols  # the committer's own lists
+                if self._kernel.commit(native[0], n, *marks, native[1], False) is True:  # type: ignore[union-attr]
                     if not commit.apply(size, prepared, (), native, n):  # not packed: its checks passed in C
                         cells = self.check((), size, n, label)
                         commit.write_cells(cells)
@@ -371,17 +379,18 @@ class StagedWrites:
                             handles[c.slot.name].clear()
                     return
         cells = self.check(prepared, size, n, label)
+        # A staged buffer given whole: its host state takes the values as checked, read before the write (the
+        # source may view a buffer this refresh rewrites).
+        whole = [(p, _live_values(p)) for p in prepared if p.slot.name in handles]
         commit.apply(size, prepared, cells)
         for c in cells:
             handles[c.slot.name].clear()
-        for slot, src, dev, live, w in prepared:
-            if slot.name in handles:  # a staged buffer given whole: its host state takes the write
-                h, m = handles[slot.name], self._checks[slot.name]
-                if m.wide:  # rows at and past top have length 0 already
-                    m.lens[:] = np.where(np.arange(m.rows) < live, w, 0)  # type: ignore[index]
-                src = dev.detach().cpu().numpy() if src is None else src  # type: ignore[union-attr]
-                h.top, h.colmax = write_live(m.state, src, slot, live, w, live, h.top, h.colmax)
-                h.clear()
+        for (slot, _, _, live, w), src in whole:
+            h, m = handles[slot.name], self._checks[slot.name]
+            if m.wide:  # rows at and past top have length 0 already
+                m.lens[:] = np.where(np.arange(m.rows) < live, w, 0)  # type: ignore[index]
+            h.top, h.colmax = write_live(m.state, src, slot, live, w, live, h.top, h.colmax)
+            h.clear()
 
     def check(self, prepared: Sequence[Prepared], size: int, n: int, label: str) -> list[Cells]:
         """The checked cells of the staged buffers not in ``prepared`` at ``n`` requests; writes nothing."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphbuf import StaticBuffers
+from graphbuf import GraphSpec, StaticBuffers
 from graphbuf.buffers import native
 from graphbuf.buffers.backend import Backend
 from graphbuf.errors import RefreshError, RowsError, WidthError
@@ -185,6 +185,27 @@ def test_a_source_viewing_the_host_state_is_read_before_the_rows_it_leaves_are_p
     buffers.refresh(16, {**_rest(4), BT: np.zeros((4, W), np.int32)}, num_reqs=4)
     buffers.refresh(12, {**_rest(3), BT: np.zeros((3, W), np.int32), "seq_lens": lens.host[1:4]}, num_reqs=3)
     assert lens.host[:5].tolist() == buffers.full["seq_lens"][:5].tolist() == [6, 7, 8, 0, 0]
+
+
+@pytest.mark.parametrize("copies", [None, 2], ids=["in-place", "uploaded"])
+def test_a_source_viewing_a_buffer_the_refresh_rewrites_becomes_the_host_state_as_checked(
+    copies: int | None,
+) -> None:
+    # Found by a review (H7, issue 32): a staged buffer given whole took its host state from the source after
+    # the write, so a source viewing another buffer of the same refresh left the host state at that buffer's
+    # new values while the buffer held the checked (old) ones; later staged commits built on the wrong state.
+    spec = GraphSpec.model_validate({
+        "version": 1, "name": "alias", "capture": {"tokens_per_request": 1, "sizes": [4]},
+        "buffers": {"x": {"dtype": "int32", "rows": "requests"}, "y": {"dtype": "int32", "rows": "requests"}},
+    })  # fmt: skip
+    sb = StaticBuffers(spec, upload_copies=copies)
+    sb.refresh(4, {"x": np.zeros(3, np.int32), "y": np.array([1, 2, 3], np.int32)})
+    x = sb.stage("x")
+    sb.refresh(4, {"x": sb.full["y"][:3], "y": np.array([7, 8, 9], np.int32)}, num_reqs=3)
+    assert sb.full["x"][:3].tolist() == x.host[:3].tolist() == [1, 2, 3]
+    x.set(1, [5])
+    sb.refresh(4, {"y": np.array([7, 8, 9], np.int32)}, num_reqs=3)
+    assert sb.full["x"][:4].tolist() == x.host[:4].tolist() == [1, 5, 3, 0]
 
 
 def test_the_first_staged_write_starts_from_the_buffer_contents(buffers: StaticBuffers) -> None:
