@@ -269,3 +269,17 @@ def test_a_0_d_source_is_refused_at_bind_by_its_rank(src: object) -> None:
     with pytest.raises(RefreshError) as err:
         sb.bind({"x": src})
     assert str(err.value) == "bind(): buffer 'x': expected 1-D source, got shape []"
+
+
+def test_a_bound_array_changed_in_place_is_named_before_the_widths_are_read() -> None:
+    """A numpy array reshaped in place after bind and a ``widths`` that is wrong too: the moved source is
+    named first (nothing of a moved source is read, its widths included), whatever the other sources'
+    dtypes (before the one loop, an all-integer bind named the widths first)."""
+    sb = buffers({"x": {"dtype": "int32", "rows": "requests", "cols": 4}}, sizes=[4])
+    x = np.zeros((6, 4), np.int32)
+    bound = sb.bind({"x": x})
+    x.shape = (4, 6)
+    before = contents(sb)
+    with pytest.raises(AddressChangedError, match="'x' changed in place"):
+        sb.refresh(4, bound, num_reqs=3, widths={"x": 1.5})
+    assert contents(sb) == before
