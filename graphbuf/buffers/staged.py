@@ -370,8 +370,8 @@ class StagedWrites:
                 if p[0].name in handles:
                     break  # a staged buffer given whole: the Python commit takes its host state
             else:
-                marks = commit.rows, commit.cols  # the committer's own lists
-                if self._kernel.commit(native[0], n, *marks, native[1], False) is True:  # type: ignore[union-attr]
+                kernel: Any = self._kernel  # reads the committer's own marks lists
+                if kernel.commit(native[0], n, commit.rows, commit.cols, native[1], False) is True:
                     if not commit.apply(size, prepared, (), native, n):  # not packed: its checks passed in C
                         cells = self.check((), size, n, label)
                         commit.write_cells(cells)
