@@ -280,7 +280,8 @@ class Committer:
         and the staged bytes (-1: not packed)."""
         rows, cols = self.rows, self.cols
         moved, rects, rect_words, rest = self.layout.backend.write_words(self, k, prepared, size, _PACK_WORDS)
-        rest = [(self._own(p), end, r, c) for p, end, r, c in rest]  # before the placement writes the slab
+        if rest:  # device sources in the slab cloned before the placement writes it
+            rest = [(self._own(p), end, r, c) for p, end, r, c in rest]
         staged = 0
         if self._packer is not None:
             cores, _, bases = native or _NO_CELLS
