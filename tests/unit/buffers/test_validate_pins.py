@@ -197,3 +197,11 @@ def test_a_bound_source_of_the_wrong_rank_is_named_with_bind() -> None:
     with pytest.raises(RefreshError) as err:
         _small().bind({"seq_lens": np.zeros((8, 1), np.int32)})
     assert str(err.value) == "bind(): buffer 'seq_lens': expected 1-D source, got shape [8, 1]"
+
+
+def test_a_scalar_staged_into_a_2_d_buffer_is_one_cell() -> None:
+    """``check_row__mutmut_51``: ``set(1, 7, col=2)`` on a 2-D buffer stages the one cell (the scalar as a row
+    of one value), where a 1-D shape would be refused as the wrong rank."""
+    bt = _small().stage("block_table.a")
+    bt.set(1, 7, col=2)
+    assert bt.host[1].tolist() == [0, 0, 7, 0]
