@@ -66,6 +66,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/unit/buffers/test_native.py",
             "tests/unit/buffers/test_refresh.py",
             "tests/unit/buffers/test_commit.py",
+            "tests/unit/buffers/test_packed_upload.py",
         ],
     ),
     "refresh.bound": (
