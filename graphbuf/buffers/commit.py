@@ -153,7 +153,6 @@ class Committer:
         # Sources may be views of the slab itself; each is read before any buffer it lies in is written.
         self.host_slab = slab.numpy() if not self.uploads else None  # in place: host sources
         self._slab_storage = slab.untyped_storage().data_ptr()  # uploaded: device sources
-        self._slab_t = slab
         self.depth = len(self.targets)  # host upload copies (1 when writing a cpu slab in place)
         self._events: list[Any] = [None] * self.depth
         self._staged_kernel: Any = layout.backend.staged  # writes the cells C's staged check passed
@@ -162,7 +161,6 @@ class Committer:
         # stride in words), or None (narrower elements, a buffer not 4-byte aligned, no packer).
         self._packer = layout.backend.packer if self.uploads else None
         self._arenas: list[_Arena | None] = [None] * self.depth
-        self._words = slab[: slab.numel() // 4 * 4].view(torch.int32)
         self.words_of = tuple(
             (s.plan.offset // 4, s.itemsize // 4, (s.plan.shape[1] if s.ndim == 2 else 1) * (s.itemsize // 4))
             if self._packer is not None and s.itemsize % 4 == 0 and s.plan.offset % 4 == 0
@@ -170,6 +168,8 @@ class Committer:
             for s in layout.order
         )
         self._cell_arenas: list[torch.Tensor | None] = [None] * self.depth  # cells not packed
+        # The slab as integers of each element size: what an upload's indexed writes place values in.
+        self._slab_as = {isz: slab[: slab.numel() // isz * isz].view(t) for isz, t in _TORCH_OF_SIZE.items()}
         self.turn = 0  # the upload copy the next refresh assembles in
         self._refreshes = 0
         self._last = 0
@@ -264,7 +264,7 @@ class Committer:
             np.concatenate([v for _, v in pairs], out=host[at_v : at_v + isz * count].view(_INT_OF_SIZE[isz]))
         dev = arena[:total].to(self.device, non_blocking=True) if self._pin else arena[:total]
         for isz, at_i, count, at_v, _ in parts:
-            target = self._slab_t[: self._slab_t.numel() // isz * isz].view(_TORCH_OF_SIZE[isz])
+            target = self._slab_as[isz]
             target[dev[at_i : at_i + 8 * count].view(torch.int64)] = dev[at_v : at_v + isz * count].view(
                 target.dtype
             )
@@ -296,7 +296,7 @@ class Committer:
             pairs, b, runs = got
             run_words = sum(w for _, w in runs) if runs else 0
             if pairs or runs:
-                arena.place(self._words, pairs, b, runs, run_words)
+                arena.place(self._slab_as[4], pairs, b, runs, run_words)
             if native and staged == 0:
                 staged = 4 * (pairs + run_words - rect_words)
         if rest:
