@@ -16,7 +16,7 @@ import torch
 from graphbuf.buffers import native
 from graphbuf.buffers.commit import Committer, rectangle, write_live
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
-from graphbuf.buffers.validate import Prepared, accept_typed, check_source, prepared
+from graphbuf.buffers.validate import Prepared, accept_typed, check_source, live_region, prepared
 
 __all__ = ["Backend", "NativeBackend", "chosen"]
 
@@ -31,7 +31,7 @@ class Backend:
         """The values of the non-empty live region ``arr[:rows, :width]`` (1-D: ``arr[:rows]``) hold no NaN
         and lie within the slot's ``min``/``max``; False otherwise (the general path then names the value)."""
         if arr.shape[0] != rows or (arr.ndim == 2 and arr.shape[1] != width):
-            arr = arr[:rows, :width] if arr.ndim == 2 else arr[:rows]
+            arr = live_region(arr, rows, width)
         if arr.dtype.kind == "f" and np.isnan(arr).any():
             return False
         return bool((slot.lo is None or arr.min() >= slot.lo) and (slot.hi is None or arr.max() <= slot.hi))
@@ -184,7 +184,7 @@ def _detached(p: Prepared, slab: np.ndarray) -> Prepared:
     slot, host, dev, n, w = p
     if host is None or not np.may_share_memory(host, slab):
         return p
-    return prepared(slot, (host[:n, :w] if host.ndim == 2 else host[:n]).copy(), dev, n, w)
+    return prepared(slot, live_region(host, n, w).copy(), dev, n, w)
 
 
 def chosen() -> Backend:

@@ -25,6 +25,7 @@ from graphbuf.buffers.validate import (
     check_source,
     check_typed,
     check_widths,
+    live_region,
     prepared,
 )
 from graphbuf.errors import AddressChangedError, RefreshError, RowsError
@@ -115,7 +116,7 @@ class BoundSources:
                 if plain and slot.bounded and rows and (w or width is None):
                     plain = fits(slot, arr, rows, w)
                 if not plain:  # check_source names what is wrong, or cuts the width, as for a mapping
-                    live = arr[:rows, :w] if width is not None else arr[:rows]
+                    live = live_region(arr, rows, w)
                     out.append(check_source(layout, name, live, size, label, strict, device))
                     continue
             out.append(prepared(slot, arr, None, rows, w))  # the whole source, its live region [:rows, :w]
@@ -131,7 +132,7 @@ class BoundSources:
         n = check_num_reqs(num_reqs, None, "sources()")
         size = n * self._layout.tokens_per_request
         live, _ = self.prepare(size, n, widths, "sources()", strict=False, device=None)
-        return {s.name: a[:rows, :w] if s.ndim == 2 else a[:rows] for s, a, _, rows, w in live}
+        return {s.name: live_region(a, rows, w) for s, a, _, rows, w in live}
 
     def __repr__(self) -> str:
         return f"BoundSources({', '.join(self.names)})"

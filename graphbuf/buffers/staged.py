@@ -21,7 +21,7 @@ import torch
 
 from graphbuf.buffers.commit import Cells, Committer, write_live
 from graphbuf.buffers.layout import Layout, ResolvedBuffer
-from graphbuf.buffers.validate import Prepared, check_row, check_values
+from graphbuf.buffers.validate import Prepared, check_row, check_values, live_region
 from graphbuf.errors import RefreshError, RowsError, WidthError
 from graphbuf.exclusive import Exclusive
 
@@ -287,10 +287,10 @@ class StagedBuffer(_Checks, metaclass=abc.ABCMeta):
 
 def _live_values(p: Prepared) -> np.ndarray:
     """A copy of the live values of a checked source, on the host."""
-    slot, host, dev, rows, width = p
+    _, host, dev, rows, width = p
     if host is None:
         return dev.detach().cpu().numpy()  # type: ignore[union-attr]
-    return (host[:rows, :width] if slot.ndim == 2 else host[:rows]).copy()
+    return live_region(host, rows, width).copy()
 
 
 def changed_cells(core: Any) -> np.ndarray:

@@ -26,6 +26,7 @@ __all__ = [
     "check_values",
     "check_widths",
     "count_of",
+    "live_region",
     "live_requests",
     "prepared",
     "requests_hint",
@@ -54,6 +55,11 @@ def prepared(
 ) -> Prepared:
     """A :class:`Prepared`, built without the NamedTuple constructor's argument binding (hot paths)."""
     return _new_tuple(Prepared, (slot, host, dev, rows, width))  # type: ignore[no-any-return]
+
+
+def live_region(arr: np.ndarray, rows: int, width: int) -> np.ndarray:
+    """The live values of a host source, a view: ``arr[:rows, :width]`` (1-D: ``arr[:rows]``)."""
+    return arr[:rows, :width] if arr.ndim == 2 else arr[:rows]
 
 
 _BF16_SAFE_NP = frozenset((np.dtype(np.bool_), np.dtype(np.uint8), np.dtype(np.int8)))
